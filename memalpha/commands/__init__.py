@@ -1,0 +1,1 @@
+"""Subcommands of the `memalpha` console script, one module each."""

