@@ -60,8 +60,8 @@ class RewardConfig(_Section):
     """Weight of r3, compression (1 - memory tokens / input tokens)."""
     gamma: float = Field(0.1, ge=0)
     """Weight of r4, the judged validity of the writes of a chunk."""
-    qa_metric: Literal["auto", "substring_em", "exact_match", "f1", "boxed_em", "keyword_hit"] = "auto"
-    """QA metric for r1; `auto` picks by question type."""
+    qa_metric: Literal["auto", "substring_em", "exact_match", "f1", "boxed_em", "keyword_hit", "llm_judge"] = "auto"
+    """QA metric for r1; `auto` picks by question type (memalpha.metrics); `llm_judge` needs a judge."""
     nothing_to_store_r2: float = Field(0.0, ge=0, le=1)
     """r2 of a chunk whose output is an explicit "nothing to store" (see docs/REWARDS.md)."""
     judge: Literal["rule", "llm"] = "rule"
@@ -99,6 +99,20 @@ class DataConfig(_Section):
     """Competencies of the training instances."""
     max_chunks_per_instance: int = Field(0, ge=0)
     """Truncate instances to this many chunks for training (0 = all)."""
+    max_answer_tokens: int = Field(64, ge=1)
+    """Validation: longest gold answer (tokens); long-range answers that are whole summaries are exempt."""
+    max_chunk_tokens: int = Field(4096, ge=16)
+    """Validation: longest chunk (tokens, template included) accepted from any source."""
+    max_chunks: int = Field(2048, ge=1)
+    """Validation: most chunks an instance may have (a 500K-token instance has ~1000 chunks of 512)."""
+    max_questions: int = Field(2000, ge=1)
+    """Validation: most questions an instance may have."""
+    min_keyword_share: float = Field(0.5, gt=0, le=1)
+    """Validation: share of a summary question's keywords that must occur in the context."""
+    split_ratios: list[float] = Field([0.8, 0.1, 0.1], min_length=3, max_length=3)
+    """Train/validation/test shares of instances (normalised to sum to 1)."""
+    split_seed: int = 0
+    """Seed of the hash that assigns each instance to a split."""
 
 
 class RolloutConfig(_Section):
@@ -148,14 +162,37 @@ class SFTConfig(_Section):
 
 class EvalConfig(_Section):
     data_path: str = "data/synth"
+    """Prepared dataset folder evaluated by `memalpha eval` and the nightly flow."""
     split: Literal["train", "validation", "test"] = "test"
-    methods: list[str] = ["policy", "rule_writer", "rag_top2", "long_context", "no_memory"]
-    max_instances: int = Field(8, ge=1)
-    seeds: list[int] = [0]
-    long_context_tokens: int = Field(2048, ge=64)
+    methods: list[
+        Literal["policy", "base", "sft", "rule_writer", "long_context", "rag_top2", "no_memory"]
+    ] = ["policy", "base", "rule_writer", "rag_top2", "long_context", "no_memory"]
+    """Methods compared (see docs/EVALUATION.md); `policy` needs a model, `sft` needs `sft_adapter`."""
+    max_instances: int = Field(8, ge=0)
+    """Evaluate the first N instances of the split (0 = all)."""
+    seeds: list[int] = Field([0], min_length=1)
+    """Seeds of sampled decoding; with greedy decoding (temperature 0) only the first is used."""
+    temperature: float = Field(0.0, ge=0)
+    """Writer decoding for the policy methods: 0 = greedy, > 0 = sampling (one run per seed)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    sft_adapter: str = ""
+    """Adapter folder of the SFT warm start, for the `sft` method."""
+    long_context_tokens: int = Field(0, ge=0)
+    """Tokens of the raw conversation's tail the long-context reader sees (0 = memory.reader_view_tokens)."""
     rag_top_k: int = Field(2, ge=1)
+    """Raw chunks retrieved for the RAG baseline (k=2 as in the paper), within the same reader budget."""
+    batch_size: int = Field(8, ge=1)
+    """Instances whose memories a policy method writes in one batched rollout."""
     regression_threshold: float = Field(0.05, ge=0)
-    """A drop of the champion's mean score larger than this versus the previous nightly run is a regression."""
+    """A drop of a watched score larger than this versus the previous nightly run is a regression."""
+    regression_keys: list[str] = ["policy/score"]
+    """Watched metrics (fnmatch patterns over the flat metric keys) for the regression check."""
+    length_multipliers: list[int] = Field([1, 4, 16], min_length=1)
+    """Length generalisation: instance lengths as multiples of the training length."""
+    length_base_chunks: int = Field(6, ge=1)
+    """Length generalisation: chunks of a 1x instance (the synthetic training preset's typical length)."""
+    length_instances: int = Field(4, ge=1)
+    """Length generalisation: instances per multiplier (competencies cycle over them)."""
 
 
 class TrackingConfig(_Section):

@@ -1,0 +1,113 @@
+"""Run every benchmark module `bench/bench_<name>.py` (or the names given) and write its results.
+
+Each module exposes `run() -> dict` and optionally `to_markdown(results) -> str`. Results go to
+bench/results/<name>.json and <name>.md; bench/results/SUMMARY.md lists every run. A benchmark that
+fails is reported and the others still run; the exit status is 1 if any failed.
+
+    python -m bench.run_all            # all benchmarks
+    python -m bench.run_all memory     # only bench_memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+
+
+def discover() -> list[str]:
+    """Names of the benchmark modules (`bench_<name>.py` -> `<name>`), sorted."""
+    return sorted(p.stem.removeprefix("bench_") for p in BENCH_DIR.glob("bench_*.py"))
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def generic_markdown(name: str, results: dict[str, Any]) -> str:
+    """A flat key/value table, for modules without their own `to_markdown`."""
+    rows = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}.{key}" if prefix else str(key))
+        else:
+            rows.append(f"| {prefix} | {_cell(node)} |")
+
+    walk(results, "")
+    return f"# Benchmark: {name}\n\n| metric | value |\n|---|---|\n" + "\n".join(rows) + "\n"
+
+
+def write_results(name: str, results: dict[str, Any], markdown: str, out_dir: Path = RESULTS_DIR) -> tuple[Path, Path]:
+    """Write <name>.json (with run metadata) and <name>.md; returns both paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "benchmark": name,
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": _cpus()},
+        "results": results,
+    }
+    json_path, md_path = out_dir / f"{name}.json", out_dir / f"{name}.md"
+    json_path.write_text(json.dumps(payload, indent=2) + "\n")
+    md_path.write_text(markdown)
+    return json_path, md_path
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def run_one(name: str) -> dict[str, Any]:
+    """Import bench.bench_<name>, run it and write its results."""
+    module = importlib.import_module(f"bench.bench_{name}")
+    results = module.run()
+    render = getattr(module, "to_markdown", None)
+    markdown = render(results) if render else generic_markdown(name, results)
+    write_results(name, results, markdown)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {', '.join(discover())})")
+    args = parser.parse_args(argv)
+    available = discover()
+    unknown = [n for n in args.names if n not in available]
+    if unknown:
+        parser.error(f"unknown benchmark(s) {', '.join(unknown)} (available: {', '.join(available)})")
+    summary = ["# Benchmark summary", "", "| benchmark | status | seconds | results |", "|---|---|---|---|"]
+    failed = 0
+    for name in args.names or available:
+        print(f"== bench {name}", flush=True)
+        start = time.perf_counter()
+        try:
+            run_one(name)
+            status = "ok"
+        except Exception:  # one broken benchmark must not hide the others' numbers
+            traceback.print_exc()
+            status, failed = "FAILED", failed + 1
+        seconds = time.perf_counter() - start
+        summary.append(f"| {name} | {status} | {seconds:.1f} | [{name}.md]({name}.md) |")
+        print(f"== bench {name}: {status} in {seconds:.1f}s", flush=True)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / "SUMMARY.md").write_text("\n".join(summary) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Flow `grpo` (deployment `train`): warm start, then GRPO in checkpointed blocks, then register the adapter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow, get_run_logger, runtime
+
+from flows import default_config
+from memalpha.config import RunConfig
+from tasks import tracking
+from tasks.train import block_bounds, close_run, open_run, register_model, train_block, warm_start
+
+
+def run_dir_for(config: RunConfig, flow_run_id: str) -> Path:
+    """`<output_dir>/<flow run id>`: a new flow run trains from scratch, a retried flow run resumes."""
+    root = Path(config.output_dir)
+    if not root.is_absolute():
+        root = tracking.REPO_ROOT / root
+    return root / flow_run_id
+
+
+@flow(name="grpo", log_prints=True)
+def grpo(config: RunConfig = default_config(), parent_run_id: str | None = None, register: bool = True) -> dict:
+    """Train the memory writer with GRPO on `config`; returns the MLflow run id, checkpoint and model."""
+    logger = get_run_logger()
+    flow_run_id = str(runtime.flow_run.id)
+    run_dir = run_dir_for(config, flow_run_id)
+    tags = {"prefect.flow_run_id": flow_run_id, "prefect.flow_run_name": str(runtime.flow_run.name),
+            "prefect.deployment": str(runtime.deployment.name or "")}
+    run_id = open_run(config, str(run_dir), tags, parent_run_id)
+    logger.info("MLflow run %s, run folder %s", tracking.run_url(run_id), run_dir)
+    try:
+        warm_start(config, str(run_dir), run_id)
+        block = None
+        for first, last in block_bounds(config.grpo.steps, config.grpo.checkpoint_every, config.grpo.eval_every):
+            block = train_block(config, str(run_dir), run_id, first, last)
+        model = register_model(config, str(run_dir), run_id, block["checkpoint"], register) if block else None
+    except BaseException:
+        close_run(run_id, "FAILED")
+        raise
+    close_run(run_id)
+    return {"run_id": run_id, "run_dir": str(run_dir), "checkpoint": block and block["checkpoint"], "model": model}

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Local servers for memalpha: the Prefect server (SQLite), the MLflow UI and the deployment runner.
+#   bash infra/servers.sh start|stop|status|restart
+# Idempotent: `start` leaves running servers alone, `stop` ignores stopped ones. PID files and logs
+# live in infra/state/. Everything binds to 127.0.0.1.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STATE="$REPO/infra/state"
+PY="$REPO/.venv/bin/python"
+PREFECT_PORT="${MEMALPHA_PREFECT_PORT:-4200}"
+MLFLOW_PORT="${MEMALPHA_MLFLOW_PORT:-5000}"
+START_TIMEOUT="${MEMALPHA_START_TIMEOUT:-120}"
+
+export PREFECT_HOME="${PREFECT_HOME:-$STATE/prefect}"
+export PREFECT_API_URL="http://127.0.0.1:$PREFECT_PORT/api"
+export PREFECT_SERVER_ANALYTICS_ENABLED=false
+export MLFLOW_DISABLE_TELEMETRY=true
+export GX_ANALYTICS_ENABLED=false
+export HF_HUB_OFFLINE=1
+export TRANSFORMERS_OFFLINE=1
+export TOKENIZERS_PARALLELISM=false
+
+mkdir -p "$STATE" "$PREFECT_HOME" "$REPO/mlruns/artifacts"
+
+pidfile() { echo "$STATE/$1.pid"; }
+
+is_running() {
+    local file
+    file="$(pidfile "$1")"
+    [[ -f "$file" ]] && kill -0 "$(cat "$file")" 2>/dev/null
+}
+
+port_busy() { ss -ltn "sport = :$1" | grep -q LISTEN; }
+
+# Start "$@" as its own process group (so stop can end its children too), record its PID.
+launch() {
+    local name="$1"; shift
+    setsid "$@" >>"$STATE/$name.log" 2>&1 < /dev/null &
+    echo $! >"$(pidfile "$name")"
+}
+
+# Wait until "$2..." succeeds, failing early if the process died.
+wait_healthy() {
+    local name="$1"; shift
+    local deadline=$((SECONDS + START_TIMEOUT))
+    until "$@" >/dev/null 2>&1; do
+        if ! is_running "$name"; then
+            echo "$name exited during start-up; last lines of $STATE/$name.log:" >&2
+            tail -n 30 "$STATE/$name.log" >&2
+            return 1
+        fi
+        if ((SECONDS > deadline)); then
+            echo "$name not healthy after ${START_TIMEOUT}s; see $STATE/$name.log" >&2
+            return 1
+        fi
+        sleep 1
+    done
+}
+
+prefect_healthy() { curl -fsS "http://127.0.0.1:$PREFECT_PORT/api/health"; }
+mlflow_healthy() { curl -fsS "http://127.0.0.1:$MLFLOW_PORT/health"; }
+# The runner is ready once it has registered and polled every deployment since it started.
+runner_healthy() { (cd "$REPO" && "$PY" -m flows.deployments ready --since "$(cat "$STATE/runner.started")"); }
+
+start_prefect() {
+    if is_running prefect; then echo "prefect: already running (pid $(cat "$(pidfile prefect)"))"; return; fi
+    if port_busy "$PREFECT_PORT"; then echo "prefect: port $PREFECT_PORT is taken by another process" >&2; return 1; fi
+    launch prefect "$REPO/.venv/bin/prefect" server start --host 127.0.0.1 --port "$PREFECT_PORT"
+    wait_healthy prefect prefect_healthy
+    echo "prefect: http://127.0.0.1:$PREFECT_PORT (pid $(cat "$(pidfile prefect)"), db in $PREFECT_HOME)"
+}
+
+start_mlflow() {
+    if is_running mlflow; then echo "mlflow: already running (pid $(cat "$(pidfile mlflow)"))"; return; fi
+    if port_busy "$MLFLOW_PORT"; then echo "mlflow: port $MLFLOW_PORT is taken by another process" >&2; return 1; fi
+    launch mlflow "$REPO/.venv/bin/mlflow" server --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 1 \
+        --backend-store-uri "sqlite:///$REPO/mlruns/mlflow.db" \
+        --default-artifact-root "$REPO/mlruns/artifacts"
+    wait_healthy mlflow mlflow_healthy
+    echo "mlflow: http://127.0.0.1:$MLFLOW_PORT (pid $(cat "$(pidfile mlflow)"), store $REPO/mlruns)"
+}
+
+start_runner() {
+    if is_running runner; then echo "runner: already running (pid $(cat "$(pidfile runner)"))"; return; fi
+    date +%s >"$STATE/runner.started"
+    (cd "$REPO" && launch runner "$PY" -m flows.deployments serve)
+    wait_healthy runner runner_healthy
+    echo "runner: serving deployments (pid $(cat "$(pidfile runner)"), log $STATE/runner.log)"
+}
+
+stop_one() {
+    local name="$1" file pid
+    file="$(pidfile "$name")"
+    if ! is_running "$name"; then rm -f "$file"; echo "$name: not running"; return; fi
+    pid="$(cat "$file")"
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    if kill -0 "$pid" 2>/dev/null; then kill -KILL -- "-$pid" 2>/dev/null || true; fi
+    rm -f "$file"
+    echo "$name: stopped"
+}
+
+status_one() {
+    local name="$1" url="$2" check="$3"
+    if is_running "$name"; then
+        if "$check" >/dev/null 2>&1; then state="healthy"; else state="running, not healthy"; fi
+        echo "$name: $state (pid $(cat "$(pidfile "$name")")) $url"
+    else
+        echo "$name: stopped"
+        return 1
+    fi
+}
+
+case "${1:-}" in
+    start)
+        start_prefect
+        start_mlflow
+        start_runner
+        echo "export PREFECT_API_URL=$PREFECT_API_URL  # for the prefect CLI in your shell"
+        ;;
+    stop)
+        stop_one runner
+        stop_one mlflow
+        stop_one prefect
+        ;;
+    restart)
+        "$0" stop
+        "$0" start
+        ;;
+    status)
+        rc=0
+        status_one prefect "http://127.0.0.1:$PREFECT_PORT" prefect_healthy || rc=1
+        status_one mlflow "http://127.0.0.1:$MLFLOW_PORT" mlflow_healthy || rc=1
+        status_one runner "" runner_healthy || rc=1
+        exit $rc
+        ;;
+    *)
+        echo "usage: $0 start|stop|status|restart" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# `make train`: servers up, deployments registered, one `grpo/train` run with the default config,
+# wait for it, then print the MLflow run URL and a short summary.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+PY="$REPO/.venv/bin/python"
+export PREFECT_HOME="${PREFECT_HOME:-$REPO/infra/state/prefect}"
+export PREFECT_API_URL="http://127.0.0.1:${MEMALPHA_PREFECT_PORT:-4200}/api"
+export PREFECT_SERVER_ANALYTICS_ENABLED=false MLFLOW_DISABLE_TELEMETRY=true
+
+bash infra/servers.sh start
+
+started=$SECONDS
+name="make-train-$(date -u +%Y%m%d-%H%M%S)"
+log="$REPO/infra/state/$name.log"
+echo "triggering grpo/train as flow run '$name' (output in $log) ..."
+set +e
+"$REPO/.venv/bin/prefect" deployment run grpo/train --flow-run-name "$name" \
+    --watch --watch-interval 15 --watch-timeout "${MEMALPHA_TRAIN_TIMEOUT:-3600}" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+flow_run_id="$(grep -oE 'UUID: *[0-9a-f-]{36}' "$log" | head -n1 | grep -oE '[0-9a-f-]{36}' || true)"
+echo
+echo "wall time: $((SECONDS - started)) s"
+if [[ -z "$flow_run_id" ]]; then
+    echo "could not start the flow run; see $log" >&2
+    exit 1
+fi
+"$PY" -m tasks.tracking summary --flow-run-id "$flow_run_id" || true
+if [[ $status -ne 0 ]]; then
+    echo "flow run $flow_run_id did not complete; runner log: $REPO/infra/state/runner.log" >&2
+    exit "$status"
+fi

@@ -1,0 +1,120 @@
+"""Training checkpoints: everything needed to continue a run exactly where it stopped.
+
+Layout of `run_dir/checkpoints/step-000010/`:
+    adapter/            LoRA weights (safetensors) + adapter config
+    optimizer.pt        AdamW state          scheduler.pt   LR schedule state
+    rng.pt              python, numpy, torch and the rollout sampler's generator states
+    state.json          step, data position, config training hash, metrics of steps 1..step
+A checkpoint is written into a temporary folder and renamed, so a crash never leaves a partial one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+CHECKPOINTS = "checkpoints"
+STATE_FILE = "state.json"
+
+
+@dataclass
+class CheckpointState:
+    """The JSON part of a checkpoint."""
+
+    step: int
+    training_hash: str
+    data_position: dict[str, int]
+    metrics: list[dict[str, float]] = field(default_factory=list)
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS / f"step-{step:06d}"
+
+
+def capture_rng(generator: torch.Generator) -> dict[str, Any]:
+    """Every random state that influences the next training step."""
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "generator": generator.get_state(),
+    }
+
+
+def restore_rng(states: dict[str, Any], generator: torch.Generator) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    generator.set_state(states["generator"])
+
+
+def save_checkpoint(
+    run_dir: Path,
+    state: CheckpointState,
+    *,
+    policy,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    generator: torch.Generator,
+) -> Path:
+    """Write the checkpoint for `state.step` atomically; returns its folder."""
+    final = checkpoint_dir(run_dir, state.step)
+    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    policy.save_adapter(tmp / "adapter")
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    torch.save(capture_rng(generator), tmp / "rng.pt")
+    (tmp / STATE_FILE).write_text(
+        json.dumps(
+            {"step": state.step, "training_hash": state.training_hash,
+             "data_position": state.data_position, "metrics": state.metrics},
+            indent=1,
+        )
+    )
+    if final.exists():  # re-saving the same step (e.g. final save right after a periodic one)
+        shutil.rmtree(final)
+    tmp.rename(final)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The complete checkpoint with the highest step under run_dir/checkpoints, if any."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return None
+    done = [p for p in root.glob("step-*") if (p / STATE_FILE).is_file()]
+    return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)
+
+
+def read_state(path: Path) -> CheckpointState:
+    """The JSON part of the checkpoint at `path`."""
+    data = json.loads((Path(path) / STATE_FILE).read_text())
+    return CheckpointState(
+        step=int(data["step"]), training_hash=data["training_hash"],
+        data_position=data["data_position"], metrics=data.get("metrics", []),
+    )
+
+
+def load_checkpoint(
+    path: Path, *, policy, optimizer: torch.optim.Optimizer, scheduler, generator: torch.Generator
+) -> CheckpointState:
+    """Restore adapter, optimizer, scheduler and RNG states in place; returns the JSON state."""
+    path = Path(path)
+    state = read_state(path)
+    policy.load_adapter(path / "adapter")
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    # our own file: python/numpy RNG states are tuples and arrays, which weights_only rejects
+    restore_rng(torch.load(path / "rng.pt", weights_only=False), generator)
+    return state

@@ -1,0 +1,256 @@
+"""The compared methods. Each builds, for every instance, one reader context per question; the runner
+then has the same reader answer all of them and scores with memalpha.metrics.score_answer.
+
+Every context obeys the same budget, `memory.reader_view_tokens` tokens of the shared token counter:
+- memory methods (`policy`, `base`, `sft`, `rule_writer`): the reader view of the finished memory (core
+  plus retrieved entries, `retrieval.method`, top `retrieval.top_k` per list);
+- `rag_top2`: the `eval.rag_top_k` raw chunks the retriever ranks highest for the question;
+- `long_context`: the last `eval.long_context_tokens` tokens of the raw conversation (default: the
+  budget itself);
+- `no_memory`: nothing (closed book).
+
+"Memory tokens" is what a method keeps to answer from: the memory store's size for memory methods,
+every raw chunk for RAG (it must keep the whole conversation indexed), the kept tail for long context,
+and 0 for closed book.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from memalpha.config import RunConfig
+from memalpha.data.schema import Instance
+from memalpha.memory import MemoryStore, get_schema, reader_view, truncate_to_tokens, writer_view
+from memalpha.retrieval import ChunkIndex, MemoryIndex
+from memalpha.rule_writer import RuleWriter
+from memalpha.tokens import TokenCounter
+from memalpha.tools import execute_text
+
+if TYPE_CHECKING:
+    from memalpha.retrieval import TextEncoder
+
+MEMORY_METHODS = ("policy", "base", "sft", "rule_writer")
+BASELINES = ("rule_writer", "rag_top2", "long_context", "no_memory")
+ALL_METHODS = ("policy", "base", "sft", "rule_writer", "long_context", "rag_top2", "no_memory")
+
+_WORD_START = re.compile(r"\S+")
+_VIEW_ID = re.compile(r"^- (\S+?):", re.M)
+
+
+@dataclass
+class Built:
+    """What a method built for one instance: one reader context per question, and its costs."""
+
+    contexts: list[str]
+    memory_tokens: int
+    tool_calls: int = 0
+    tool_calls_ok: int = 0
+    seconds: float = 0.0
+    """Time spent building (for batched methods, the batch's time shared evenly over its instances)."""
+    memory: dict[str, Any] | None = None
+    """The finished memory (MemoryStore.to_dict) for memory methods, kept for inspection."""
+
+
+@dataclass
+class EvalEnv:
+    """What every method shares: the config, the one token counter, the memory layout and the embedder."""
+
+    config: RunConfig
+    count_tokens: TokenCounter
+    embedder: "TextEncoder | None" = None
+    """Dense retrieval encoder; None loads the shared one for retrieval.embedding_model when needed."""
+
+    @cached_property
+    def schema(self):
+        return get_schema(self.config.memory.schema_name, self.config.memory.core_max_tokens)
+
+    @property
+    def budget(self) -> int:
+        """Reader context budget in tokens, the same for every method."""
+        return self.config.memory.reader_view_tokens
+
+    def new_store(self) -> MemoryStore:
+        return MemoryStore(self.schema, count_tokens=self.count_tokens)
+
+    def memory_contexts(self, store: MemoryStore, index: MemoryIndex, instance: Instance) -> list[str]:
+        """The reader view of a finished memory for each question of the instance."""
+        top_k = self.config.retrieval.top_k
+        return [
+            reader_view(store, q.question, search=index.search, budget_tokens=self.budget, top_k=top_k)
+            for q in instance.questions
+        ]
+
+
+class Method(ABC):
+    """A way to give the reader a context. `stochastic` methods are re-run for each seed."""
+
+    name: str = ""
+    stochastic: bool = False
+
+    def __init__(self, env: EvalEnv):
+        self.env = env
+
+    @abstractmethod
+    def build(self, instances: list[Instance], seed: int) -> list[Built]:
+        """One `Built` per instance, in order."""
+
+    def close(self) -> None:
+        """Release models or other resources (called once the method has run)."""
+
+
+class NoMemory(Method):
+    """Closed book: the reader answers with an empty context."""
+
+    name = "no_memory"
+
+    def build(self, instances: list[Instance], seed: int) -> list[Built]:
+        return [Built(contexts=["" for _ in inst.questions], memory_tokens=0) for inst in instances]
+
+
+def tail_tokens(text: str, max_tokens: int, count: TokenCounter) -> str:
+    """Longest suffix of `text` starting at a word boundary with at most `max_tokens` tokens."""
+    if max_tokens <= 0:
+        return ""
+    if count(text) <= max_tokens:
+        return text
+    starts = [m.start() for m in _WORD_START.finditer(text)]
+    lo, hi = 0, len(starts)  # invariant: the suffix from starts[hi] fits (hi == len: empty suffix)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if count(text[starts[mid]:]) <= max_tokens:
+            hi = mid
+        else:
+            lo = mid + 1
+    return text[starts[hi]:] if hi < len(starts) else ""
+
+
+class LongContext(Method):
+    """The reader sees the last N tokens of the raw conversation (N = eval.long_context_tokens or the budget)."""
+
+    name = "long_context"
+
+    def build(self, instances: list[Instance], seed: int) -> list[Built]:
+        limit = self.env.config.eval.long_context_tokens or self.env.budget
+        count = self.env.count_tokens
+        built = []
+        for inst in instances:
+            # walk back over chunks so only the tail is tokenised, however long the instance
+            kept: list[str] = []
+            used = 0
+            for chunk in reversed(inst.chunks):
+                room = limit - used
+                if room <= 0:
+                    break
+                tokens = count(chunk)
+                if tokens <= room:
+                    kept.append(chunk)
+                    used += tokens
+                else:
+                    kept.append(tail_tokens(chunk, room, count))
+                    break
+            context = "\n\n".join(reversed([k for k in kept if k]))
+            # the separators may add a token or two; enforce the limit on the joined text
+            context = tail_tokens(context, limit, count)
+            built.append(Built(contexts=[context for _ in inst.questions], memory_tokens=count(context)))
+        return built
+
+
+class RagTopK(Method):
+    """BM25 (retrieval.method) over the raw chunks: the top `eval.rag_top_k` chunks for each question,
+    most relevant first into the budget, shown in conversation order."""
+
+    name = "rag_top2"
+
+    def build(self, instances: list[Instance], seed: int) -> list[Built]:
+        cfg = self.env.config
+        count = self.env.count_tokens
+        built = []
+        for inst in instances:
+            index = ChunkIndex(inst.chunks, cfg.retrieval, self.env.embedder)
+            contexts = []
+            for question in inst.questions:
+                chosen: dict[int, str] = {}
+                used = 0
+                for position in index.search(question.question, cfg.eval.rag_top_k):
+                    room = self.env.budget - used
+                    if room <= 0:
+                        break
+                    text, _ = truncate_to_tokens(inst.chunks[position], room, count)
+                    chosen[position] = text
+                    used += count(text) + 1
+                contexts.append("\n\n".join(chosen[p] for p in sorted(chosen)))
+            built.append(Built(contexts=contexts, memory_tokens=sum(count(c) for c in inst.chunks)))
+        return built
+
+
+def visible_ids(view: str) -> set[str]:
+    """Entry ids a writer view shows (lines `- <id>: content`)."""
+    return set(_VIEW_ID.findall(view))
+
+
+class RuleWriterMethod(Method):
+    """The rule-based writer builds the memory chunk by chunk through the tools, seeing what a policy
+    sees (it can only update entries the writer view shows)."""
+
+    name = "rule_writer"
+
+    def build(self, instances: list[Instance], seed: int) -> list[Built]:
+        cfg = self.env.config
+        writer = RuleWriter(
+            self.env.schema, max_completion_tokens=cfg.rollout.max_completion_length, count_tokens=self.env.count_tokens
+        )
+        built = []
+        for inst in instances:
+            store = self.env.new_store()
+            index = MemoryIndex(store, cfg.retrieval, self.env.embedder)
+            calls = ok = 0
+            for position, chunk in enumerate(inst.chunks):
+                view = writer_view(
+                    store, chunk, search=index.search, budget_tokens=cfg.memory.writer_view_tokens,
+                    newest=cfg.memory.writer_newest_entries, relevant=cfg.memory.writer_relevant_entries,
+                )
+                text = writer.write(chunk, store, visible_ids(view))
+                _, results = execute_text(store, text, position)
+                calls += len(results)
+                ok += sum(r.ok for r in results)
+            built.append(
+                Built(
+                    contexts=self.env.memory_contexts(store, index, inst),
+                    memory_tokens=store.token_count(),
+                    tool_calls=calls,
+                    tool_calls_ok=ok,
+                    memory=store.to_dict(),
+                )
+            )
+        return built
+
+
+
+_BASELINE_CLASSES: dict[str, type[Method]] = {
+    "no_memory": NoMemory,
+    "long_context": LongContext,
+    "rag_top2": RagTopK,
+    "rule_writer": RuleWriterMethod,
+}
+
+
+def make_method(name: str, env: EvalEnv, model_uri: str | None = None) -> Method:
+    """The method called `name`; `policy` evaluates the adapter at `model_uri`, `sft` the configured
+    warm-start adapter, `base` the untrained base policy."""
+    if name in _BASELINE_CLASSES:
+        return _BASELINE_CLASSES[name](env)
+    if name == "policy":
+        if model_uri is None:
+            raise ValueError("method 'policy' needs a model (an adapter folder)")
+        return PolicyMethod(env, "policy", adapter=model_uri)
+    if name == "sft":
+        if not env.config.eval.sft_adapter:
+            raise ValueError("method 'sft' needs eval.sft_adapter (the warm-start adapter folder)")
+        return PolicyMethod(env, "sft", adapter=env.config.eval.sft_adapter)
+    if name == "base":
+        return PolicyMethod(env, "base", adapter=None)
+    raise ValueError(f"unknown evaluation method {name!r}; choose from {', '.join(ALL_METHODS)}")

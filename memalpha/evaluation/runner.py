@@ -1,0 +1,216 @@
+"""Run the compared methods on a dataset split: build contexts, have the one configured reader answer
+every question, score each answer with memalpha.metrics.score_answer, and record sizes and timings."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import polars as pl
+
+from memalpha.cli import UserError
+from memalpha.config import RunConfig
+from memalpha.data.io import read_dataset
+from memalpha.data.schema import Instance
+from memalpha.evaluation.methods import ALL_METHODS, Built, EvalEnv, Method, make_method
+from memalpha.evaluation.results import INSTANCE_COLUMNS, QUESTION_COLUMNS, EvalResult
+from memalpha.metrics import score_answer
+from memalpha.models.readers import Reader, ReaderItem, make_reader
+from memalpha.rewards import compression
+from memalpha.tokens import TokenCounter, regex_token_count, tokenizer_counter
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+def load_instances(config: RunConfig, data_dir: str | Path | None = None) -> list[Instance]:
+    """The configured split of the dataset, first `eval.max_instances` of it (0 = all)."""
+    path = Path(data_dir or config.eval.data_path)
+    instances = read_dataset(path)
+    split = config.eval.split
+    chosen = [inst for inst in instances if inst.split == split]
+    if not chosen:
+        found = sorted({inst.split or "(none)" for inst in instances})
+        raise UserError(f"{path}: no instance in split {split!r} (splits present: {', '.join(found)}); set eval.split")
+    limit = config.eval.max_instances
+    return chosen[:limit] if limit else chosen
+
+
+def policy_token_counter(config: RunConfig) -> tuple[TokenCounter, str]:
+    """Token counter of the policy's tokenizer (memory sizes, budgets and input lengths all use it), or
+    the regex count when the tokenizer is not available here; returns (counter, description)."""
+    from memalpha.models.loading import TINY_POLICY, ModelNotPreparedError, build_tiny, load_tokenizer, resolve_model_path
+
+    try:
+        if config.model.policy == TINY_POLICY:
+            tokenizer = build_tiny()[1]
+        else:
+            tokenizer = load_tokenizer(resolve_model_path(config.model.policy))
+    except (ModelNotPreparedError, OSError) as exc:
+        log.warning("no tokenizer for %s (%s); counting tokens with the regex fallback", config.model.policy, exc)
+        return regex_token_count, "regex (policy tokenizer unavailable)"
+    return tokenizer_counter(tokenizer), f"{config.model.policy} tokenizer"
+
+
+def _check_methods(methods: Sequence[str]) -> list[str]:
+    unknown = [m for m in methods if m not in ALL_METHODS]
+    if unknown:
+        raise UserError(f"unknown evaluation method(s) {unknown}; choose from {', '.join(ALL_METHODS)}")
+    if not methods:
+        raise UserError("no evaluation method selected")
+    return list(dict.fromkeys(methods))
+
+
+class _ReaderHolder:
+    """The shared reader, built on first use (the local reader loads the frozen base policy)."""
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self._reader: Reader | None = None
+
+    def get(self) -> Reader:
+        if self._reader is None:
+            policy = None
+            if self.config.model.reader == "local":
+                from memalpha.models.policy import load_policy
+
+                policy = load_policy(self.config.model, trainable=False)
+            self._reader = make_reader(self.config.model, policy)
+        return self._reader
+
+
+def _score(config: RunConfig, question, prediction: str) -> float:
+    return score_answer(
+        prediction, question.answers, question.question_type, question.superseded_answers,
+        metric=config.reward.qa_metric, question=question.question,
+    )
+
+
+def run_method(
+    method: Method, instances: list[Instance], seed: int, reader: Reader, config: RunConfig, input_tokens: list[int]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Build, answer and score one method for one seed; returns (question rows, instance rows)."""
+    started = time.perf_counter()
+    built: list[Built] = method.build(instances, seed)
+    build_total = time.perf_counter() - started
+    if len(built) != len(instances):
+        raise RuntimeError(f"method {method.name} built {len(built)} contexts for {len(instances)} instances")
+    items = []
+    for inst, result in zip(instances, built):
+        if len(result.contexts) != len(inst.questions):
+            raise RuntimeError(f"method {method.name}: {len(result.contexts)} contexts for {len(inst.questions)} questions of {inst.instance_id}")
+        items.extend(ReaderItem(context, q) for context, q in zip(result.contexts, inst.questions))
+    started = time.perf_counter()
+    predictions = reader.answer(items) if items else []
+    answer_total = time.perf_counter() - started
+    question_rows: list[dict[str, Any]] = []
+    instance_rows: list[dict[str, Any]] = []
+    position = 0
+    for inst, result, tokens in zip(instances, built, input_tokens):
+        for q in inst.questions:
+            prediction = predictions[position]
+            position += 1
+            question_rows.append({
+                "method": method.name, "seed": seed, "instance_id": inst.instance_id, "data_source": inst.data_source,
+                "competency": inst.competency, "input_tokens": tokens, "question_id": q.question_id,
+                "question_type": q.question_type, "question": q.question, "prediction": prediction,
+                "score": _score(config, q, prediction),
+            })
+        share = len(inst.questions) / len(items) if items else 0.0
+        build_seconds = result.seconds if result.seconds else build_total / len(instances)
+        instance_rows.append({
+            "method": method.name, "seed": seed, "instance_id": inst.instance_id, "data_source": inst.data_source,
+            "competency": inst.competency, "num_chunks": len(inst.chunks), "num_questions": len(inst.questions),
+            "input_tokens": tokens, "memory_tokens": result.memory_tokens,
+            "compression": compression(result.memory_tokens, tokens), "tool_calls": result.tool_calls,
+            "tool_calls_ok": result.tool_calls_ok, "build_seconds": build_seconds, "answer_seconds": answer_total * share,
+        })
+    return question_rows, instance_rows
+
+
+def evaluate(
+    config: RunConfig,
+    data_dir: str | Path | None = None,
+    methods: Sequence[str] | None = None,
+    model_uri: str | Path | None = None,
+    seeds: Sequence[int] | None = None,
+    *,
+    instances: list[Instance] | None = None,
+    progress: Progress | None = print,
+) -> EvalResult:
+    """Evaluate `methods` (default `eval.methods`) on the configured split of `data_dir` (default
+    `eval.data_path`), or on `instances` when given.
+
+    `model_uri` is the trained policy for the `policy` method: an adapter folder (a checkpoint, or the
+    adapter inside a downloaded registered model; MLflow URIs are resolved by the tasks layer). Without
+    it the `policy` method is skipped and the skip is recorded in `info["skipped"]`. Stochastic methods
+    (policy methods with `eval.temperature > 0`) run once per seed; the others run once.
+    """
+    method_names = _check_methods(methods if methods is not None else config.eval.methods)
+    seeds = list(seeds if seeds is not None else config.eval.seeds)
+    if not seeds:
+        raise UserError("at least one seed is needed")
+    if config.reward.qa_metric == "llm_judge":
+        raise UserError("evaluation scores with reward.qa_metric; llm_judge has no answer judge here, choose another metric")
+    say = progress or (lambda _message: None)
+    skipped: dict[str, str] = {}
+    if "policy" in method_names and model_uri is None:
+        skipped["policy"] = "no model given (--model)"
+        method_names.remove("policy")
+    if "sft" in method_names and not config.eval.sft_adapter:
+        skipped["sft"] = "no SFT adapter configured (eval.sft_adapter)"
+        method_names.remove("sft")
+    for name, why in skipped.items():
+        say(f"skipping {name}: {why}")
+    data_source = "instances given by the caller"
+    if instances is None:
+        data_source = str(data_dir or config.eval.data_path)
+        instances = load_instances(config, data_dir)
+    count_tokens, counter_name = policy_token_counter(config)
+    input_tokens = [sum(count_tokens(chunk) for chunk in inst.chunks) for inst in instances]
+    env = EvalEnv(config, count_tokens)
+    reader = _ReaderHolder(config)
+    question_rows: list[dict[str, Any]] = []
+    instance_rows: list[dict[str, Any]] = []
+    timings: dict[str, float] = {}
+    say(f"evaluating {len(instances)} instances ({sum(len(i.questions) for i in instances)} questions, "
+        f"{sum(input_tokens):,} input tokens) with methods {', '.join(method_names) or '(none)'}")
+    for name in method_names:
+        started = time.perf_counter()
+        method = make_method(name, env, model_uri)
+        try:
+            for seed in seeds if method.stochastic else seeds[:1]:
+                q_rows, i_rows = run_method(method, instances, seed, reader.get(), config, input_tokens)
+                question_rows.extend(q_rows)
+                instance_rows.extend(i_rows)
+                score = sum(r["score"] for r in q_rows) / len(q_rows) if q_rows else float("nan")
+                memory = sum(r["memory_tokens"] for r in i_rows) / len(i_rows) if i_rows else 0.0
+                say(f"  {name:<12} seed {seed}: mean question score {score:.3f}, memory {memory:,.0f} tokens, "
+                    f"{time.perf_counter() - started:.1f} s")
+        finally:
+            method.close()
+        timings[name] = time.perf_counter() - started
+    info = {
+        "data": data_source,
+        "split": config.eval.split,
+        "instances": len(instances),
+        "methods": method_names,
+        "skipped": skipped,
+        "seeds": seeds,
+        "decoding": "greedy" if config.eval.temperature == 0 else f"sampling (temperature {config.eval.temperature}, top_p {config.eval.top_p})",
+        "reader": config.model.reader,
+        "model": str(model_uri) if model_uri is not None else None,
+        "policy": config.model.policy,
+        "retrieval": f"{config.retrieval.method}, top_k {config.retrieval.top_k}, reader budget {config.memory.reader_view_tokens} tokens",
+        "token_counter": counter_name,
+        "qa_metric": config.reward.qa_metric,
+        "method_seconds": timings,
+    }
+    return EvalResult(
+        questions=pl.DataFrame(question_rows, schema=QUESTION_COLUMNS),
+        instances=pl.DataFrame(instance_rows, schema=INSTANCE_COLUMNS),
+        info=info,
+    )

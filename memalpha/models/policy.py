@@ -1,0 +1,191 @@
+"""The trainable policy: a causal LM wrapped with LoRA adapters (peft), plus its tokenizer and helpers.
+
+The frozen reference (KL) and the "local" reader/judge are the same model with adapters disabled, so
+only one copy of the base weights is in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from memalpha.config import ModelConfig
+from memalpha.models.loading import TINY_POLICY, build_tiny, choose_device, choose_dtype, load_pretrained
+from memalpha.tokens import TokenCounter, tokenizer_counter
+
+log = logging.getLogger(__name__)
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+class AdapterError(ValueError):
+    """An adapter folder is missing, incomplete or does not fit the policy's LoRA layout."""
+
+
+def lora_config(model_cfg: ModelConfig):
+    """The peft LoraConfig described by the model config."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=model_cfg.lora_r,
+        lora_alpha=model_cfg.lora_alpha,
+        lora_dropout=model_cfg.lora_dropout,
+        target_modules=list(model_cfg.lora_target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def check_adapter_dir(path: str | Path) -> Path:
+    """The adapter folder, or AdapterError naming what is missing."""
+    path = Path(path)
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+        if not (path / name).is_file():
+            raise AdapterError(f"adapter folder {path} has no {name}")
+    return path
+
+
+@dataclass
+class Policy:
+    """A LoRA-wrapped causal LM with its tokenizer (pad token set, left padding)."""
+
+    model: "torch.nn.Module"  # peft.PeftModel
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+    name: str
+    count_tokens: TokenCounter = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.count_tokens = tokenizer_counter(self.tokenizer)
+
+    # --- adapters -------------------------------------------------------------------------------------
+    @contextmanager
+    def adapters_disabled(self) -> Iterator[None]:
+        """Run the frozen base model (reference policy for KL, local reader and judge)."""
+        with self.model.disable_adapter():
+            yield
+
+    def save_adapter(self, path: str | Path) -> Path:
+        """Write the LoRA weights (safetensors) and adapter config to `path`."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(path), safe_serialization=True)
+        return path
+
+    def load_adapter(self, path: str | Path) -> None:
+        """Load LoRA weights saved by save_adapter into the current adapter (same rank and targets)."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        path = check_adapter_dir(path)
+        saved = json.loads((path / ADAPTER_CONFIG).read_text())
+        current = self.model.peft_config["default"]
+        if saved.get("r") != current.r or set(saved.get("target_modules") or []) != set(current.target_modules):
+            raise AdapterError(
+                f"adapter {path} has r={saved.get('r')} targets={sorted(saved.get('target_modules') or [])}, "
+                f"the policy has r={current.r} targets={sorted(current.target_modules)}"
+            )
+        state = load_file(str(path / ADAPTER_WEIGHTS), device=str(self.device))
+        result = set_peft_model_state_dict(self.model, state)
+        if result.unexpected_keys:
+            raise AdapterError(f"adapter {path} has weights the policy lacks: {result.unexpected_keys[:3]}")
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The LoRA parameters (the only ones with requires_grad)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    # --- text -----------------------------------------------------------------------------------------
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """Messages rendered with the tokenizer's chat template, as text."""
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def encode(self, texts: list[str], max_length: int | None = None) -> dict[str, torch.Tensor]:
+        """Left-padded batch of rendered prompts on the policy's device; the template already holds the
+        special tokens, so none are added. With max_length, prompts keep their last tokens."""
+        self.tokenizer.truncation_side = "left"
+        batch = self.tokenizer(
+            texts,
+            add_special_tokens=False,
+            padding=True,
+            truncation=max_length is not None,
+            max_length=max_length,
+            return_tensors="pt",
+        )
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    @torch.no_grad()
+    def generate_text(
+        self,
+        prompts: list[str],
+        max_new_tokens: int,
+        *,
+        batch_size: int = 16,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_prompt_tokens: int | None = None,
+    ) -> list[str]:
+        """Completions (special tokens removed) for rendered prompts, in batches; greedy by default."""
+        outputs: list[str] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(prompts), batch_size):
+                batch = self.encode(prompts[start : start + batch_size], max_length=max_prompt_tokens)
+                sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if do_sample else {"do_sample": False}
+                generated = self.model.generate(
+                    **batch,
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    eos_token_id=self.tokenizer.eos_token_id,
+                    **sampling,
+                )
+                new_tokens = generated[:, batch["input_ids"].shape[1] :]
+                outputs.extend(self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
+        finally:
+            self.model.train(was_training)
+        return [text.strip() for text in outputs]
+
+
+def load_policy(
+    model_cfg: ModelConfig,
+    adapter: str | Path | None = None,
+    *,
+    trainable: bool = True,
+    seed: int = 0,
+) -> Policy:
+    """Load the base model named by `model_cfg.policy` and wrap it with LoRA.
+
+    `adapter`: an adapter folder (resume, SFT warm start, evaluation of a checkpoint) loaded instead of a
+    fresh LoRA init; its own rank/targets win over the config. `seed` fixes the tiny model's weights and
+    the fresh LoRA init.
+    """
+    from peft import PeftModel, get_peft_model
+
+    device = choose_device(model_cfg.device)
+    dtype = choose_dtype(model_cfg.dtype, device)
+    if model_cfg.policy == TINY_POLICY:
+        base, tokenizer = build_tiny(seed=seed, dtype=dtype, device=device)
+    else:
+        base, tokenizer = load_pretrained(model_cfg.policy, dtype, device)
+    torch.manual_seed(seed)
+    if adapter is not None:
+        adapter_dir = check_adapter_dir(adapter)
+        model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=trainable)
+    else:
+        model = get_peft_model(base, lora_config(model_cfg))
+        if not trainable:
+            for param in model.parameters():
+                param.requires_grad_(False)
+    model.to(device)
+    model.eval()  # training code switches to train() around its updates
+    log.info("policy %s on %s (%s), adapter=%s", model_cfg.policy, device, dtype, adapter)
+    return Policy(model=model, tokenizer=tokenizer, device=device, dtype=dtype, name=model_cfg.policy)

@@ -1,0 +1,103 @@
+"""Dense retrieval: faiss IndexIDMap2(IndexFlatIP) over unit vectors, i.e. exact cosine search.
+
+String ids map to fresh int64 ids on every write. An update adds the new vector under a new int id
+and queues the old one for removal; removals are applied in one `remove_ids` batch before the next
+search (IndexFlat removal compacts the whole array, so one batch instead of one pass per edit).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import faiss
+import numpy as np
+
+from memalpha.retrieval.embedder import TextEncoder
+
+
+class DenseRetriever:
+    """Cosine-similarity retrieval over embeddings of (doc_id, text); accepts any TextEncoder."""
+
+    def __init__(self, embedder: TextEncoder):
+        self.embedder = embedder
+        self.dim = int(embedder.dim)
+        self.index = faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
+        self._int_of: dict[str, int] = {}
+        self._str_of: dict[int, str] = {}
+        self._next = 0
+        self._stale: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._int_of)
+
+    def __contains__(self, doc_id: str) -> bool:
+        return doc_id in self._int_of
+
+    def add(self, doc_id: str, text: str) -> None:
+        """Index a new document; an existing id is an error (use `update`)."""
+        self.add_many([(doc_id, text)])
+
+    def add_many(self, items: Iterable[tuple[str, str]]) -> None:
+        """Index many new documents with batched embedding."""
+        items = list(items)
+        if items:
+            self.add_vectors([i for i, _ in items], self.embedder.encode([t for _, t in items]))
+
+    def add_vectors(self, doc_ids: Sequence[str], vectors: np.ndarray) -> None:
+        """Index new documents from precomputed unit vectors (shape (n, dim))."""
+        for doc_id in doc_ids:
+            if doc_id in self._int_of:
+                raise KeyError(f"document {doc_id!r} is already indexed")
+        if len(set(doc_ids)) != len(doc_ids):
+            raise KeyError("duplicate ids in one add_vectors call")
+        self._put(doc_ids, vectors)
+
+    def update(self, doc_id: str, text: str) -> None:
+        """Replace the text (and so the vector) of an indexed document."""
+        self.update_vector(doc_id, self.embedder.encode([text])[0])
+
+    def update_vector(self, doc_id: str, vector: np.ndarray) -> None:
+        """Replace the vector of an indexed document."""
+        self._stale.append(self._take(doc_id))
+        self._put([doc_id], vector[None, :])
+
+    def remove(self, doc_id: str) -> None:
+        """Drop a document."""
+        self._stale.append(self._take(doc_id))
+
+    def _take(self, doc_id: str) -> int:
+        if doc_id not in self._int_of:
+            raise KeyError(f"document {doc_id!r} is not indexed")
+        old = self._int_of.pop(doc_id)
+        del self._str_of[old]
+        return old
+
+    def _put(self, doc_ids: Sequence[str], vectors: np.ndarray) -> None:
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if vectors.shape != (len(doc_ids), self.dim):
+            raise ValueError(f"expected vectors of shape ({len(doc_ids)}, {self.dim}), got {vectors.shape}")
+        ids = np.arange(self._next, self._next + len(doc_ids), dtype=np.int64)
+        self._next += len(doc_ids)
+        self.index.add_with_ids(vectors, ids)
+        for doc_id, int_id in zip(doc_ids, ids.tolist()):
+            self._int_of[doc_id] = int_id
+            self._str_of[int_id] = doc_id
+
+    def sync(self) -> None:
+        """Apply queued removals to the faiss index (done before every search)."""
+        if self._stale:
+            self.index.remove_ids(np.asarray(self._stale, dtype=np.int64))
+            self._stale = []
+
+    def search(self, query: str, k: int) -> list[tuple[str, float]]:
+        """Top-k documents by cosine similarity, best first."""
+        return self.search_vector(self.embedder.encode([query])[0], k)
+
+    def search_vector(self, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
+        """Top-k documents by cosine similarity to a unit vector."""
+        self.sync()
+        k = min(k, len(self._int_of))
+        if k <= 0:
+            return []
+        scores, ids = self.index.search(np.ascontiguousarray(vector[None, :], dtype=np.float32), k)
+        return [(self._str_of[i], float(s)) for s, i in zip(scores[0].tolist(), ids[0].tolist()) if i >= 0]

@@ -1,0 +1,262 @@
+"""MLflow helpers shared by the tasks: where the store is, runs, idempotent step logging, plots.
+
+The store is `MLFLOW_TRACKING_URI` when set (e.g. a remote server), else SQLite at
+`<repo>/mlruns/mlflow.db` with artifacts under `<repo>/mlruns/artifacts`, both by absolute path since
+Prefect runners may start flows in another directory. MLflow's active run is thread-local and Prefect
+runs tasks on worker threads, so everything here takes an explicit run id and uses `MlflowClient`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: plots are written to files, never shown
+
+import mlflow  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from mlflow.entities import Metric, Param, RunTag  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MLRUNS = REPO_ROOT / "mlruns"
+MAX_PARAM_LENGTH = 6000  # MLflow's limit on one param value
+BATCH_LIMIT = 100  # MLflow's limit on params (and tags) per log_batch call
+STEP_SENTINEL = "pipeline/step_seconds"
+"""Logged in the same batch as every training step's metrics: its history is the set of logged steps."""
+
+
+def tracking_uri() -> str:
+    """`MLFLOW_TRACKING_URI`, or the project's SQLite store by absolute path."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{MLRUNS / 'mlflow.db'}"
+
+
+def artifact_root() -> Path | None:
+    """Where experiments created against a SQLite store keep artifacts: `artifacts/` beside the database.
+
+    None for a server URI, where the server's own artifact root applies.
+    """
+    uri = tracking_uri()
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri.removeprefix("sqlite:///")).parent / "artifacts"
+
+
+def ui_url() -> str:
+    """Base URL of the MLflow UI that shows this store (`MEMALPHA_MLFLOW_UI` or the local server)."""
+    uri = tracking_uri()
+    if uri.startswith("http"):
+        return uri.rstrip("/")
+    return os.environ.get("MEMALPHA_MLFLOW_UI", f"http://127.0.0.1:{os.environ.get('MEMALPHA_MLFLOW_PORT', '5000')}")
+
+
+def configure() -> MlflowClient:
+    """Point the mlflow module (tracking and registry) at the store and return a client for it."""
+    uri = tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def ensure_experiment(name: str) -> str:
+    """Id of the named experiment, created (with its artifacts under mlruns/) if missing."""
+    client = configure()
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    root = artifact_root()
+    location = (root / name).as_uri() if root else None
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except mlflow.exceptions.MlflowException:
+        # another process created it between our lookup and create
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+def _param_value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text[:MAX_PARAM_LENGTH]
+
+
+def create_run(experiment: str, run_name: str, params: dict[str, Any], tags: dict[str, str],
+               parent_run_id: str | None = None) -> str:
+    """Create a run with params and tags (a child of `parent_run_id` when given); return its id."""
+    client = configure()
+    experiment_id = ensure_experiment(experiment)
+    all_tags = dict(tags)
+    if parent_run_id:
+        all_tags["mlflow.parentRunId"] = parent_run_id
+    run = client.create_run(experiment_id, run_name=run_name, tags=all_tags)
+    log_params(run.info.run_id, params)
+    return run.info.run_id
+
+
+def log_params(run_id: str, params: dict[str, Any]) -> None:
+    """Log params in batches; values that are not strings are JSON-encoded (lists stay readable)."""
+    client = configure()
+    items = [Param(key, _param_value(value)) for key, value in params.items()]
+    for start in range(0, len(items), BATCH_LIMIT):
+        client.log_batch(run_id, params=items[start:start + BATCH_LIMIT])
+
+
+def set_tags(run_id: str, tags: dict[str, Any]) -> None:
+    """Set several tags at once."""
+    configure().log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+
+def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """Numeric, finite entries only: NaN or inf from an empty batch would break charts and comparisons."""
+    out = {}
+    for key, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if math.isfinite(float(value)):
+            out[key] = float(value)
+    return out
+
+
+def now_ms() -> int:
+    """Wall-clock time in milliseconds, MLflow's metric timestamp unit."""
+    return int(time.time() * 1000)
+
+
+def log_step_metrics(run_id: str, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
+    """All metrics of one step in one batch (one SQL transaction on the SQLite store)."""
+    client = configure()
+    items = [Metric(key, value, timestamp_ms, step) for key, value in finite_metrics(metrics).items()]
+    for start in range(0, len(items), 1000):
+        client.log_batch(run_id, metrics=items[start:start + 1000])
+
+
+def logged_steps(run_id: str, key: str = STEP_SENTINEL) -> set[int]:
+    """Steps at which `key` was logged: with the sentinel, the training steps already in MLflow."""
+    return {m.step for m in configure().get_metric_history(run_id, key)}
+
+
+def artifact_exists(run_id: str, path: str) -> bool:
+    """Whether the run already has an artifact at `path` (a file or a folder)."""
+    parent = str(Path(path).parent) if "/" in path else None
+    names = {item.path for item in configure().list_artifacts(run_id, parent)}
+    return path in names
+
+
+def find_run(experiment: str, tag: str, value: str) -> str | None:
+    """Id of the newest run of the experiment with tag == value, or None."""
+    client = configure()
+    experiment_obj = client.get_experiment_by_name(experiment)
+    if experiment_obj is None:
+        return None
+    runs = client.search_runs([experiment_obj.experiment_id], filter_string=f"tags.`{tag}` = '{value}'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def run_url(run_id: str) -> str:
+    """Link to the run in the MLflow UI."""
+    run = configure().get_run(run_id)
+    return f"{ui_url()}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
+
+
+def metric_series(run_id: str, key: str) -> list[tuple[int, float]]:
+    """(step, value) pairs of a metric, sorted by step."""
+    return sorted((m.step, m.value) for m in configure().get_metric_history(run_id, key))
+
+
+def _plot(series: dict[str, list[tuple[int, float]]], title: str, ylabel: str) -> Figure:
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
+    for label, points in series.items():
+        if points:
+            steps, values = zip(*points)
+            ax.plot(steps, values, marker="o", markersize=3, label=label)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if any(series.values()):
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+PLOT_GROUPS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    # file name: (title, y label, metric-key prefixes or exact keys)
+    "reward.png": ("Reward and its components", "reward", ("reward/",)),
+    "memory.png": ("Memory size", "tokens / entries", ("memory/",)),
+    "tool_calls.png": ("Tool-call outcomes", "share of calls", ("tools/",)),
+    "validation.png": ("Validation", "score", ("eval/",)),
+}
+
+
+def log_training_plots(run_id: str) -> list[str]:
+    """Plot the run's metric histories by group (reward, memory, tool calls, validation) as artifacts."""
+    client = configure()
+    keys = sorted(client.get_run(run_id).data.metrics)
+    logged = []
+    for filename, (title, ylabel, prefixes) in PLOT_GROUPS.items():
+        chosen = [k for k in keys if k.startswith(prefixes)]
+        if not chosen:
+            continue
+        series = {k: metric_series(run_id, k) for k in chosen}
+        client.log_figure(run_id, _plot(series, title, ylabel), f"plots/{filename}")
+        logged.append(f"plots/{filename}")
+    return logged
+
+
+def reward_key(metric_keys: Iterable[str]) -> str | None:
+    """The headline reward metric among the run's keys."""
+    keys = set(metric_keys)
+    for candidate in ("reward/total", "reward/mean", "reward"):
+        if candidate in keys:
+            return candidate
+    return None
+
+
+def summarize(run_id: str) -> str:
+    """Human summary of a training run: steps, reward at start and end, checkpoint, registered model."""
+    client = configure()
+    run = client.get_run(run_id)
+    tags = run.data.tags
+    steps = sorted(logged_steps(run_id))
+    lines = [f"MLflow run:  {run_url(run_id)}", f"status:      {run.info.status}",
+             f"steps:       {len(steps)} logged" + (f" ({steps[0]}..{steps[-1]})" if steps else "")]
+    key = reward_key(run.data.metrics)
+    if key:
+        series = metric_series(run_id, key)
+        lines.append(f"{key}: start {series[0][1]:.4f} (step {series[0][0]}) -> end {series[-1][1]:.4f} (step {series[-1][0]})")
+    for label, tag in (("checkpoint:", "memalpha.last_checkpoint"), ("best:", "memalpha.best_checkpoint"),
+                       ("model:", "memalpha.registered_model")):
+        if tag in tags:
+            lines.append(f"{label:<12} {tags[tag]}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tasks.tracking summary --flow-run-id ID [--experiment NAME]`."""
+    parser = argparse.ArgumentParser(prog="python -m tasks.tracking")
+    sub = parser.add_subparsers(dest="command", required=True)
+    summary = sub.add_parser("summary", help="summarize the training run of a Prefect flow run")
+    summary.add_argument("--flow-run-id", required=True)
+    summary.add_argument("--experiment", default="memalpha")
+    args = parser.parse_args(argv)
+    run_id = find_run(args.experiment, "prefect.flow_run_id", args.flow_run_id)
+    if run_id is None:
+        print(f"no MLflow run in experiment {args.experiment!r} is tagged with flow run {args.flow_run_id}", file=sys.stderr)
+        return 1
+    print(summarize(run_id))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,310 @@
+"""Training tasks: open the MLflow run, warm start, GRPO blocks, final model registration.
+
+Tasks pass paths and ids, never models: each block task builds its own `Trainer` from the run folder
+and resumes from the latest checkpoint. That makes a retried block exact: a block's results are staged
+on disk and published to MLflow only after the block's checkpoint is written, and publishing skips
+steps MLflow already has, so no step is logged twice or lost whatever fails where.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import polars as pl
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from memalpha.config import RunConfig
+from tasks import tracking
+
+FAIL_AT_STEP_ENV = "MEMALPHA_FAIL_AT_STEP"
+"""Failure injection for tests: raise once, after this training step and before its checkpoint."""
+RUN_ID_FILE = "mlflow_run_id"
+BEST_FILE = "best.json"
+STAGING = "staging"
+TEXT_COLUMNS = ("prompt", "completion", "parsed_calls", "results", "memory")
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by the failure-injection hook; the block task's retry must recover from it."""
+
+
+def block_bounds(steps: int, checkpoint_every: int, eval_every: int) -> list[tuple[int, int]]:
+    """(first, last) step of each block: blocks end at every checkpoint, every evaluation and the last step."""
+    ends = sorted({s for s in range(1, steps + 1) if s % checkpoint_every == 0 or s % eval_every == 0} | {steps})
+    bounds, first = [], 1
+    for end in ends:
+        if end >= first:
+            bounds.append((first, end))
+            first = end + 1
+    return bounds
+
+
+def _step_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / STAGING / f"step-{step:06d}"
+
+
+def _maybe_fail(run_dir: Path, step: int) -> None:
+    wanted = os.environ.get(FAIL_AT_STEP_ENV)
+    if not wanted or int(wanted) != step:
+        return
+    marker = run_dir / f".failure-injected-at-step-{step}"
+    if marker.exists():
+        return
+    marker.write_text("injected once\n")
+    raise InjectedFailure(f"injected failure after training step {step} ({FAIL_AT_STEP_ENV}={wanted})")
+
+
+@task(name="open-mlflow-run", cache_policy=NO_CACHE)
+def open_run(config: RunConfig, run_dir: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
+    """The MLflow run of this training folder: created once (params = flattened config), reused on re-runs."""
+    path = Path(run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    id_file = path / RUN_ID_FILE
+    if id_file.exists():
+        run_id = id_file.read_text().strip()
+        tracking.configure().update_run(run_id, status="RUNNING")
+        tracking.set_tags(run_id, tags)
+        return run_id
+    all_tags = {**tags, "memalpha.run_dir": str(path), "memalpha.training_hash": config.training_hash()}
+    run_id = tracking.create_run(config.tracking.experiment, config.name, config.flat(), all_tags, parent_run_id)
+    id_file.write_text(run_id + "\n")
+    mlflow.set_tracking_uri(tracking.tracking_uri())
+    tracking.configure().log_text(run_id, config.model_dump_json(indent=2), "config/run_config.json")
+    return run_id
+
+
+@task(name="close-mlflow-run", cache_policy=NO_CACHE)
+def close_run(run_id: str, status: str = "FINISHED") -> None:
+    """Mark the MLflow run finished (or failed)."""
+    tracking.configure().set_terminated(run_id, status=status)
+
+
+def _stage_step(run_dir: Path, result, extra: dict[str, float], seconds: float) -> None:
+    """Write one step's results to disk; `publish_block` logs them once the checkpoint exists."""
+    folder = _step_dir(run_dir, result.step)
+    folder.mkdir(parents=True, exist_ok=True)
+    metrics = {**result.metrics, **extra, tracking.STEP_SENTINEL: seconds}
+    (folder / "metrics.json").write_text(json.dumps({"step": result.step, "time_ms": tracking.now_ms(),
+                                                     "metrics": tracking.finite_metrics(metrics)}))
+    result.samples.write_parquet(folder / "samples.parquet")
+    (folder / "memories.json").write_text(json.dumps(result.memories, default=str))
+    (folder / "trace.json").write_text(json.dumps(result.trace, default=str))
+
+
+def _rollout_key(samples: pl.DataFrame) -> list[str]:
+    return [c for c in ("instance", "rollout") if c in samples.columns]
+
+
+def _bounded_samples(samples: pl.DataFrame, keep: int) -> pl.DataFrame:
+    """All rows (numbers are totals), text columns only for the first `keep` rollouts."""
+    key = _rollout_key(samples)
+    text = [c for c in samples.columns if c in TEXT_COLUMNS]
+    if not key or not text:
+        return samples
+    kept = samples.select(key).unique(maintain_order=True).head(keep).with_columns(pl.lit(True).alias("_full"))
+    joined = samples.join(kept, on=key, how="left")
+    full = pl.col("_full").fill_null(False)
+    return joined.with_columns([pl.when(full).then(pl.col(c)).otherwise(None).alias(c) for c in text]).drop("_full")
+
+
+def _reward_table(samples: pl.DataFrame) -> pl.DataFrame:
+    """The per-(instance, rollout, chunk) reward breakdown: identifiers and every numeric column."""
+    ids = [c for c in ("instance", "rollout", "chunk") if c in samples.columns]
+    numeric = [c for c, dtype in samples.schema.items() if dtype.is_numeric() and c not in ids]
+    return samples.select(ids + numeric)
+
+
+def _log_trace(run_id: str, trace: Any, step: int) -> None:
+    """One rollout as an MLflow trace linked to the run: nested spans from StepResult.trace.
+
+    `trace` is a span tree: {"name", "span_type", "inputs", "outputs", "attributes", "children": [...]}.
+    """
+    if not trace:
+        return
+    from mlflow.entities.trace_location import MlflowExperimentLocation
+
+    mlflow.set_tracking_uri(tracking.tracking_uri())
+    experiment_id = tracking.configure().get_run(run_id).info.experiment_id
+
+    def emit(node: dict, root: bool) -> None:
+        options = {"trace_destination": MlflowExperimentLocation(experiment_id), "run_id": run_id} if root else {}
+        with mlflow.start_span(name=str(node.get("name", "span")), span_type=str(node.get("span_type", "UNKNOWN")),
+                               attributes=node.get("attributes") or {}, **options) as span:
+            if root:
+                mlflow.update_current_trace(tags={"memalpha.step": str(step)})
+            span.set_inputs(node.get("inputs"))
+            for child in node.get("children") or []:
+                emit(child, False)
+            span.set_outputs(node.get("outputs"))
+
+    emit(trace, True)
+    mlflow.flush_trace_async_logging()
+
+
+def _update_best(run_dir: Path, run_id: str, step: int, metrics: dict[str, float], key: str | None) -> None:
+    if key is None or key not in metrics:
+        return
+    best_file = run_dir / BEST_FILE
+    best = json.loads(best_file.read_text()) if best_file.exists() else None
+    if best is None or metrics[key] > best["value"]:
+        checkpoint = str(run_dir / "checkpoints" / f"step-{step:06d}")
+        best = {"step": step, "metric": key, "value": metrics[key], "checkpoint": checkpoint}
+        best_file.write_text(json.dumps(best, indent=1))
+        tracking.set_tags(run_id, {"memalpha.best_checkpoint": f"{checkpoint} ({key}={metrics[key]:.4f} at step {step})",
+                                   "memalpha.best_step": step})
+
+
+def validation_key(metrics: dict[str, float]) -> str | None:
+    """The validation score the best checkpoint and the champion are chosen by."""
+    for key in ("eval/score", "eval/qa_score", "eval/reward", "eval/r1"):
+        if key in metrics:
+            return key
+    return next((k for k in sorted(metrics) if k.startswith("eval/")), None)
+
+
+def publish_block(config: RunConfig, run_dir: Path, run_id: str, first: int, last: int, checkpoint: Path) -> int:
+    """Log staged steps first..last that MLflow lacks (artifacts, then the metric batch), then the checkpoint."""
+    client = tracking.configure()
+    done = tracking.logged_steps(run_id)
+    keep = config.tracking.rollouts_logged_per_step
+    published = 0
+    for step in range(first, last + 1):
+        if step in done:
+            continue
+        folder = _step_dir(run_dir, step)
+        record = json.loads((folder / "metrics.json").read_text())
+        samples = pl.read_parquet(folder / "samples.parquet")
+        name = f"step-{step:06d}"
+        bounded = folder / f"rollouts-{name}.parquet"
+        _bounded_samples(samples, keep).write_parquet(bounded)
+        client.log_artifact(run_id, str(bounded), "rollouts")
+        table_path = f"reward_breakdown/{name}.json"
+        if not tracking.artifact_exists(run_id, table_path):  # log_table appends, so never twice
+            client.log_table(run_id, _reward_table(samples).to_pandas(), table_path)
+        memories = json.loads((folder / "memories.json").read_text())
+        client.log_dict(run_id, memories[:keep], f"memories/{name}.json")
+        if config.tracking.trace_rollouts:
+            _log_trace(run_id, json.loads((folder / "trace.json").read_text()), step)
+        # metrics last: once the sentinel is in, the step counts as published
+        tracking.log_step_metrics(run_id, step, record["metrics"], record["time_ms"])
+        _update_best(run_dir, run_id, step, record["metrics"], validation_key(record["metrics"]))
+        published += 1
+    client.log_artifacts(run_id, str(checkpoint), f"checkpoints/{checkpoint.name}")
+    tracking.set_tags(run_id, {"memalpha.last_checkpoint": str(checkpoint)})
+    return published
+
+
+@task(name="warm-start", cache_policy=NO_CACHE, retries=1)
+def warm_start(config: RunConfig, run_dir: str, run_id: str) -> str | None:
+    """SFT warm start (rule-writer demonstrations + LoRA) when configured; returns the adapter folder."""
+    from memalpha.sft import run_sft
+
+    if not config.sft.enabled:
+        return None
+    result = run_sft(config, Path(run_dir))
+    return str(result)
+
+
+@task(name="train-block", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+def train_block(config: RunConfig, run_dir: str, run_id: str, first: int, last: int) -> dict[str, Any]:
+    """GRPO steps first..last: resume from the latest checkpoint, train, evaluate, checkpoint, publish."""
+    from memalpha.trainer import Trainer
+
+    logger = get_run_logger()
+    path = Path(run_dir)
+    trainer = Trainer(config, path)
+    trainer.maybe_resume()
+    resumed = trainer.step
+    logger.info("block %d-%d: resumed from checkpoint at step %d", first, last, resumed)
+    if resumed < first - 1:
+        raise RuntimeError(f"block {first}-{last} needs the checkpoint of step {first - 1}; latest is step {resumed}")
+    while trainer.step < last:
+        started = time.perf_counter()
+        result = trainer.train_step()
+        extra: dict[str, float] = {}
+        if result.step == last and (result.step % config.grpo.eval_every == 0 or result.step == config.grpo.steps):
+            extra = trainer.evaluate(split="validation")
+        _stage_step(path, result, extra, time.perf_counter() - started)
+        logger.info("step %d: %s", result.step, {k: round(v, 4) for k, v in tracking.finite_metrics(result.metrics).items()
+                                                  if k.startswith("reward")})
+        _maybe_fail(path, result.step)
+    if resumed < last:
+        checkpoint = trainer.save_checkpoint()
+    else:
+        checkpoint = path / "checkpoints" / f"step-{last:06d}"
+    published = publish_block(config, path, run_id, first, last, checkpoint)
+    logger.info("block %d-%d: checkpoint %s, %d steps published to MLflow", first, last, checkpoint, published)
+    return {"first": first, "last": last, "resumed_from": resumed, "checkpoint": str(checkpoint), "published": published}
+
+
+def _base_model_path(config: RunConfig, policy, run_dir: Path) -> str | None:
+    """A local folder holding the base weights, so the logged model references it instead of a hub id."""
+    from memalpha.models.loading import TINY_POLICY, resolve_model_path
+
+    if config.model.policy == TINY_POLICY:
+        # the tiny model is built in memory from a seed: save it once so the model can be reloaded
+        folder = run_dir / "base-model"
+        if not (folder / "config.json").is_file():
+            policy.model.get_base_model().save_pretrained(folder)
+            policy.tokenizer.save_pretrained(folder)
+        return str(folder)
+    resolved = Path(resolve_model_path(config.model.policy))
+    return str(resolved) if resolved.is_dir() else None
+
+
+def _champion_score(client, name: str) -> float | None:
+    try:
+        version = client.get_model_version_by_alias(name, "champion")
+    except mlflow.exceptions.MlflowException:
+        return None
+    score = version.tags.get("validation_score")
+    return float(score) if score is not None else None
+
+
+@task(name="register-model", cache_policy=NO_CACHE, retries=1)
+def register_model(config: RunConfig, run_dir: str, run_id: str, checkpoint: str, register: bool = True) -> dict[str, Any]:
+    """Log the final adapter as a transformers/PEFT model and register it as `latest` (and `champion` if better)."""
+    from memalpha.models.policy import load_policy
+
+    logger = get_run_logger()
+    client = tracking.configure()
+    path = Path(run_dir)
+    policy = load_policy(config.model, adapter=Path(checkpoint) / "adapter", trainable=False, seed=config.grpo.seed)
+    base = _base_model_path(config, policy, path)
+    name = config.tracking.registered_model if register else None
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.transformers.log_model(
+            transformers_model={"model": policy.model, "tokenizer": policy.tokenizer},
+            name="model",
+            task="text-generation",
+            base_model_path=base,
+            registered_model_name=name,
+        )
+    outcome: dict[str, Any] = {"model_uri": info.model_uri, "base_model_path": base}
+    outcome["plots"] = tracking.log_training_plots(run_id)
+    if name is None:
+        return outcome
+    version = str(info.registered_model_version)
+    run = client.get_run(run_id)
+    final_metrics = run.data.metrics
+    key = validation_key(final_metrics)
+    score = final_metrics.get(key) if key else None
+    client.set_model_version_tag(name, version, "run_id", run_id)
+    if score is not None:
+        client.set_model_version_tag(name, version, "validation_metric", key)
+        client.set_model_version_tag(name, version, "validation_score", str(score))
+    client.set_registered_model_alias(name, "latest", version)
+    champion = _champion_score(client, name)
+    promoted = score is not None and (champion is None or score > champion)
+    if promoted:
+        client.set_registered_model_alias(name, "champion", version)
+    logger.info("registered %s version %s (%s=%s); champion %s (previous champion score %s)",
+                name, version, key, score, "moved" if promoted else "kept", champion)
+    tracking.set_tags(run_id, {"memalpha.registered_model": f"{name} v{version}" + (" (champion)" if promoted else "")})
+    return {**outcome, "name": name, "version": version, "champion": promoted, "validation_score": score}
