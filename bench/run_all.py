@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import platform
 import sys
 import time
@@ -57,7 +58,13 @@ def write_results(name: str, results: dict[str, Any], markdown: str, out_dir: Pa
     payload = {
         "benchmark": name,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": _cpus()},
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": _cpus(),
+            # the CPU is shared: a load average above the CPU count means the numbers are pessimistic
+            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+        },
         "results": results,
     }
     json_path, md_path = out_dir / f"{name}.json", out_dir / f"{name}.md"
@@ -67,8 +74,6 @@ def write_results(name: str, results: dict[str, Any], markdown: str, out_dir: Pa
 
 
 def _cpus() -> int:
-    import os
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -82,6 +87,21 @@ def run_one(name: str) -> dict[str, Any]:
     return results
 
 
+def write_summary(statuses: dict[str, str], out_dir: Path = RESULTS_DIR) -> Path:
+    """SUMMARY.md over every result file present, marking those this run produced or failed."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = ["# Benchmark summary", "", "| benchmark | status | finished (UTC) | load avg | results |", "|---|---|---|---|---|"]
+    for name in sorted(set(statuses) | {p.stem for p in out_dir.glob("*.json")}):
+        path = out_dir / f"{name}.json"
+        meta = json.loads(path.read_text()) if path.exists() else {}
+        load = meta.get("machine", {}).get("load_average_1m_at_end", "")
+        status = statuses.get(name, "from an earlier run")
+        lines.append(f"| {name} | {status} | {meta.get('finished_at', '')} | {load} | [{name}.md]({name}.md) |")
+    summary = out_dir / "SUMMARY.md"
+    summary.write_text("\n".join(lines) + "\n")
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {', '.join(discover())})")
@@ -90,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in args.names if n not in available]
     if unknown:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)} (available: {', '.join(available)})")
-    summary = ["# Benchmark summary", "", "| benchmark | status | seconds | results |", "|---|---|---|---|"]
-    failed = 0
+    statuses: dict[str, str] = {}
     for name in args.names or available:
         print(f"== bench {name}", flush=True)
         start = time.perf_counter()
@@ -100,12 +119,11 @@ def main(argv: list[str] | None = None) -> int:
             status = "ok"
         except Exception:  # one broken benchmark must not hide the others' numbers
             traceback.print_exc()
-            status, failed = "FAILED", failed + 1
-        seconds = time.perf_counter() - start
-        summary.append(f"| {name} | {status} | {seconds:.1f} | [{name}.md]({name}.md) |")
-        print(f"== bench {name}: {status} in {seconds:.1f}s", flush=True)
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / "SUMMARY.md").write_text("\n".join(summary) + "\n")
+            status = "FAILED"
+        statuses[name] = f"{status} ({time.perf_counter() - start:.1f} s, this run)"
+        print(f"== bench {name}: {statuses[name]}", flush=True)
+    write_summary(statuses)
+    failed = sum(1 for s in statuses.values() if s.startswith("FAILED"))
     return 1 if failed else 0
 
 

@@ -21,7 +21,7 @@ def run_dir_for(config: RunConfig, flow_run_id: str) -> Path:
 
 
 @flow(name="grpo", log_prints=True)
-def grpo(config: RunConfig = default_config(), parent_run_id: str | None = None, register: bool = True) -> dict:
+def grpo(config: RunConfig = default_config(), parent_run_id: str | None = None, register_adapter: bool = True) -> dict:
     """Train the memory writer with GRPO on `config`; returns the MLflow run id, checkpoint and model."""
     logger = get_run_logger()
     flow_run_id = str(runtime.flow_run.id)
@@ -35,7 +35,7 @@ def grpo(config: RunConfig = default_config(), parent_run_id: str | None = None,
         block = None
         for first, last in block_bounds(config.grpo.steps, config.grpo.checkpoint_every, config.grpo.eval_every):
             block = train_block(config, str(run_dir), run_id, first, last)
-        model = register_model(config, str(run_dir), run_id, block["checkpoint"], register) if block else None
+        model = register_model(config, str(run_dir), run_id, block["checkpoint"], register_adapter) if block else None
     except BaseException:
         close_run(run_id, "FAILED")
         raise

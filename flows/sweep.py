@@ -43,7 +43,7 @@ def sweep(config: RunConfig = default_config(), betas: list[float] = [0.0, 0.05,
             child_config.reward.beta = beta
             child_config.reward.gamma = gamma
             child_config.name = f"{config.name}-beta{beta:g}-gamma{gamma:g}"
-            children.append(grpo(child_config, parent_run_id=parent, register=False))
+            children.append(grpo(child_config, parent_run_id=parent, register_adapter=False))
             logger.info("beta=%g gamma=%g done: %s", beta, gamma, children[-1]["run_id"])
     except BaseException:
         close_parent(parent, children, "FAILED")

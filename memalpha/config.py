@@ -193,6 +193,8 @@ class EvalConfig(_Section):
     """Length generalisation: chunks of a 1x instance (the synthetic training preset's typical length)."""
     length_instances: int = Field(4, ge=1)
     """Length generalisation: instances per multiplier (competencies cycle over them)."""
+    length_seed: int = 1
+    """Length generalisation: generator seed; differs from the synthetic default (0) so no instance was trained on."""
 
 
 class TrackingConfig(_Section):

@@ -266,7 +266,7 @@ def llm_verdicts(
                 memory_type = r.memory_type or ""
                 items.append(JudgeItem(memory_type, r.content or "", chunk_texts[t], (descriptions or {}).get(memory_type, "")))
     for (t, i), verdict in zip(asks, llm.judge(items) if items else []):
-        verdicts[t][i] = bool(verdict) is True
+        verdicts[t][i] = verdict is True  # only a real True: never a truthy string such as "INVALID"
     return verdicts
 
 

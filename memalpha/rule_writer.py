@@ -1,22 +1,26 @@
 """A deterministic, rule-based memory writer: the SFT teacher and an evaluation baseline.
 
 It reads a chunk (the dated "please remember" dialogue template of memalpha.data.chunking, or plain
-text), extracts
-- facts: first-person statements ("my X is Y", "I live in", "I work as", "I have a ... named", likes,
-  allergies) rewritten in the third person with the speaker's name, keyed by subject;
-- labelled examples (test-time learning: "... label: N") kept with their input text;
-- events: dated actions (past tense or a time word), stored with the session date;
-- other statements with numbers or names;
-and emits JSON-lines tool calls in the exact format the writer prompt teaches. A fact whose subject is
-already in memory with another value becomes an update of that entry (conflict resolution). A short
-core paragraph lists the speakers' profile facts. A chunk with nothing to store gives NOTHING_TO_STORE.
+text) sentence by sentence and keeps
+- labelled examples (test-time learning: a quoted input with "label N" / "category N");
+- facts: sentences with a life-fact cue (job, home, pets and names, purchases, allergies, clubs,
+  relatives, dates and codes) or specific tokens (names, numbers, quotes);
+- events: such sentences with a time word or a past action, stored with the session date;
+rewritten as third-person statements ("I work as a nurse" -> "Maya works as a nurse"). Greetings,
+questions and chatter without a cue or a specific token are skipped; a chunk with nothing left gives
+NOTHING_TO_STORE. A sentence announcing a change ("moved from X to Y", "no longer", "sold the X")
+updates the visible entry it shares words with (conflict resolution) instead of adding a second copy.
+A short core paragraph names the speakers and their current home and job.
+
+Output: JSON lines in the exact format the writer prompt teaches, most valuable calls first, cut to a
+completion budget.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from memalpha.memory.schema import MemorySchema
 from memalpha.memory.store import MemoryStore, normalize_content
@@ -26,71 +30,71 @@ from memalpha.tokens import TokenCounter, regex_token_count
 _HEADER = re.compile(r"^The following is (?:a conversation(?: from (?P<date>.+?))?|part of a document)\. Please remember it\.\s*$")
 _LATER = re.compile(r"^Later, on (?P<date>.+?):\s*$")
 _SPEAKER = re.compile(r"^(?:\[(?P<stamp>[^\]]{1,40})\]\s*)?(?P<speaker>[A-Z][\w.'-]*(?: [A-Z][\w.'-]*){0,2}):\s+(?P<text>\S.*)$")
+_CLOCK = re.compile(r"^\s*\d{1,2}:\d{2}\s*(?:am|pm)?\s+on\s+", re.I)
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(\d])")
-_LABEL = re.compile(r"^(?P<input>.*?)[\s,;:.\-–—>]*\b(?:label|category|class)\b\s*(?:is\s*|[:=]\s*)\s*(?P<label>[\w-]+)[.!]?\s*$", re.I)
-_INPUT_PREFIX = re.compile(r"^(?:example|input|text|sentence|query)\s*\d*\s*[:\-]\s*", re.I)
 
-_MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December"
+_QUOTE = re.compile(r"[\"“](?P<text>[^\"”]{3,})[\"”]")
+_LABEL = re.compile(r"\b(?:label|category|class)\s*(?:is\s*|[:=#]\s*)?(?P<label>[\w-]+)", re.I)
+
+_MONTHS = "january|february|march|april|may|june|july|august|september|october|november|december"
+_DAYS = "monday|tuesday|wednesday|thursday|friday|saturday|sunday"
 _TIME_WORD = re.compile(
-    rf"\b(?:yesterday|today|tonight|this (?:morning|afternoon|evening|week|weekend)|last (?:night|week|weekend|month|year|\w+day)"
-    rf"|on (?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday)|\d+ (?:days|weeks|months|years) ago"
-    rf"|(?:{_MONTHS}) \d{{1,2}}|\d{{4}}-\d{{2}}-\d{{2}}|in (?:19|20)\d{{2}})\b",
+    rf"\b(?:yesterday|today|tonight|tomorrow|this (?:morning|afternoon|evening|week|weekend|month|year)"
+    rf"|last (?:night|week|weekend|month|year|{_DAYS})|next (?:week|weekend|month|year|{_DAYS})|on (?:{_DAYS})s?"
+    rf"|\d+ (?:days|weeks|months|years) ago|(?:{_MONTHS}) \d{{1,2}}|\d{{1,2}} (?:{_MONTHS})|\d{{4}}-\d{{2}}-\d{{2}}|in (?:19|20)\d{{2}})\b",
     re.I,
 )
-_PAST_VERB = re.compile(
-    r"\bI (?:just |finally |recently |also |really )?(?:went|visited|met|bought|saw|started|finished|adopted|moved|got|ran|"
-    r"attended|won|lost|joined|left|took|made|gave|had|booked|celebrated|traveled|travelled|signed|graduated|"
-    r"completed|launched|hiked|cooked|baked|painted|wrote|read|watched|played|flew|drove|sold|received|tried|"
-    r"learned|learnt|passed|failed|married|quit|retired|hosted|organized|organised|volunteered|ordered|planted|"
-    r"[a-z]{3,}ed)\b"
+_PAST_ACTION = re.compile(
+    r"\b(?:adopted|bought|started|finished|signed|joined|hired|moved|accepted|sold|traded|replaced|quit|left|"
+    r"switched|changed|gave up|booked|planted|painted|installed|built|fixed|hurt|injured|passed|won|lost|"
+    r"graduated|married|launched|completed|arrived|visited|met|picked up|ran|retrained|relocated|named|got)\b",
+    re.I,
 )
-_QUESTION_START = re.compile(r"^(?:what|who|where|when|why|how|do|does|did|are|is|can|could|would|will|have|has|should)\b", re.I)
+# life-fact vocabulary: identity, home, work, pets and names, possessions, health, hobbies, relatives, plans
+_FACT_CUE = re.compile(
+    r"\b(?:work(?:s|ing|ed)? (?:as|at|for)|hired|job|employer|employee|contract|offer|career|retrained|"
+    r"I'?m an? |I am an? |being an? |no longer an? |"
+    r"live[sd]?|living|moved?|moving|relocat\w*|flat in|apartment|address|"
+    r"named|called|adopted|bought|picked up|received|drive[sn]?|sold|traded|replaced|own(?:s|ed)?|"
+    r"allerg\w*|diagnos\w*|doctor|physio|"
+    r"lessons|joined|signed up|club|band|playing|novel|book club|reading|marathon|garden|trip|flight|renovat\w*|"
+    r"wedding|birthday|married|anniversary|appointment|code|password)\b",
+    re.I,
+)
+_CHANGE_CUE = re.compile(
+    r"\b(?:from \S+(?: \S+){0,3} to|no longer|no more|anymore|quit|left|switched|replaced|changed|sold|gave up|goodbye|"
+    r"instead|new|now|moved)\b",
+    re.I,
+)
 _SMALL_TALK = re.compile(
-    r"^(?:hi|hey|hello|thanks|thank you|good (?:morning|night|evening)|ok(?:ay)?|sure|great|nice|cool|wow|haha|lol|"
-    r"bye|see you|sounds (?:good|great|fun)|that'?s (?:great|nice|cool|awesome|interesting|wonderful|good)|"
-    r"me too|no problem|of course|how are you|i see|oh|yeah|yes|no)\b",
+    r"^(?:hi|hey|hello|morning|evening|thanks|thank you|good (?:morning|night|evening)|ok(?:ay)?|sure|great|"
+    r"nice|cool|wow|haha|ha|lol|bye|see you|sounds|that'?s|me too|no problem|of course|how are you|i see|oh|"
+    r"yeah|yep|yes|no way|fair enough|totally|honestly|congrats|noted|ugh|right|got it|makes sense|not much)\b",
     re.I,
 )
-_CAPITALISED = re.compile(r"(?<![.!?]\s)(?<!^)\b[A-Z][a-z]+")
-_NUMBER = re.compile(r"\d")
-
-# fact patterns on a first-person sentence: (regex, subject template, content template)
-# subject templates name what the fact is about, so a later value of the same subject updates the entry.
-_FACT_PATTERNS: list[tuple[re.Pattern[str], str, str]] = [
-    (re.compile(r"\bmy name is (?P<v>[A-Z][\w' -]+)", re.I), "{s}'s name is", "{s}'s name is {v}"),
-    (re.compile(r"\bmy (?:new |current )?(?P<a>(?:[\w'-]+ ){0,3}?[\w'-]+) (?:is|are) (?:now |actually )?(?P<v>.+)", re.I), "{s}'s {a} is", "{s}'s {a} is {v}"),
-    (re.compile(r"\bI(?:'ve| have)? (?:now |just |recently )?(?:live|am living|'m living|moved|relocated|moved out) (?:in|to) (?P<v>.+)", re.I), "{s} lives in", "{s} lives in {v}"),
-    (re.compile(r"\bI (?:now |currently )?(?:work|am working|'m working) (?P<p>as|at|for) (?P<v>.+)", re.I), "{s} works {p}", "{s} works {p} {v}"),
-    (re.compile(r"\bI(?:'m| am) (?:now |currently )?(?:working )?(?:a|an) (?P<v>(?:[\w-]+ ){0,2}(?:engineer|teacher|nurse|doctor|developer|designer|student|manager|writer|artist|chef|lawyer|accountant|scientist|researcher|consultant|pilot|architect|programmer|analyst|musician|photographer|journalist|librarian|pharmacist|dentist|mechanic|electrician|plumber|carpenter|farmer|baker|barista|therapist|professor|editor|producer|translator|veterinarian|vet|paramedic|firefighter|officer|salesperson|entrepreneur)\b.*)", re.I), "{s}'s job is", "{s}'s job is {v}"),
-    (re.compile(r"\bI (?:have|own|got) (?:a|an|two|three) (?P<k>[\w -]{1,30}?) (?:named|called) (?P<v>[A-Z][\w'-]+(?: [A-Z][\w'-]+)?)", re.I), "{s}'s {k} is named", "{s}'s {k} is named {v}"),
-    (re.compile(r"\bI(?:'m| am) allergic to (?P<v>.+)", re.I), "{s} is allergic to", "{s} is allergic to {v}"),
-    (re.compile(r"\bI(?:'m| am) (?P<v>\d{1,3}) years old", re.I), "{s}'s age is", "{s} is {v} years old"),
-    (re.compile(r"\bI (?:really |absolutely )?(?:love|like|enjoy|prefer|adore|hate|dislike) (?P<v>.+)", re.I), "", ""),
-]
-
-_PROFILE_SUBJECTS = ("name is", "lives in", "works as", "works at", "works for", "job is", "age is")
-
-_PERSONA_KEYWORDS: dict[str, tuple[str, ...]] = {
-    "cognition_work": ("work", "job", "engineer", "teacher", "nurse", "study", "degree", "project", "office", "career", "company", "skill"),
-    "spatiotemporal_context": ("live", "moved", "city", "address", "visit", "trip", "town", "apartment", "travel"),
-    "social_interpersonal": ("sister", "brother", "mother", "father", "friend", "wife", "husband", "partner", "son", "daughter", "colleague", "family"),
-    "physiology_health": ("allergic", "health", "sleep", "exercise", "run", "gym", "doctor", "diet", "sick", "marathon"),
-    "resource_economic": ("money", "salary", "rent", "bought", "sold", "car", "house", "price", "paid", "budget", "$"),
-    "culture_entertainment": ("book", "movie", "music", "song", "game", "hobby", "paint", "guitar", "piano", "film", "concert"),
-    "sensory_lifestyle": ("food", "eat", "coffee", "tea", "favorite", "favourite", "color", "colour", "cook", "dog", "cat", "pet"),
-    "values": ("believe", "value", "important", "principle", "vote"),
-    "psychological_defense": ("afraid", "fear", "stress", "anxious", "worried", "cope", "nervous"),
-}
+_QUESTION_START = re.compile(r"^(?:what|who|where|when|why|how|do|does|did|are|is|can|could|would|will|have|has|should|remember)\b", re.I)
+_CALENDAR = frozenset((_MONTHS + "|" + _DAYS).split("|"))
+_FIRST_PERSON = re.compile(r"\b(?:I|I'm|I've|I'd|I'll)\b|\b(?:my|me|mine|myself)\b", re.I)
+_SECOND_PERSON = re.compile(r"\b(?:you|your|yours)\b", re.I)
+_STOPWORDS = frozenset(
+    "a an the of to in on at for and or but is are was were be been it this that with as by from what which who "
+    "my your his her our their me him us them i you he she we they so now new old just no not any anymore "
+    "longer from into than then there here has have had do does did will would can could very really".split()
+)
 
 
 @dataclass
 class Extraction:
-    """One thing worth storing: its section, its text and, for keyed facts, its subject."""
+    """One thing worth storing from a chunk."""
 
-    kind: str  # fact, example, event, statement
+    kind: str
+    """`example`, `fact` or `event`."""
     content: str
-    subject: str = ""
     speaker: str = ""
+    change: bool = False
+    """The sentence announces a change of something said before (conflict resolution)."""
+    score: int = 0
+    date: str | None = None
 
 
 @dataclass
@@ -100,40 +104,40 @@ class _Utterance:
     date: str | None
 
 
-@dataclass
 class RuleWriter:
     """Deterministic writer: `write(chunk_text, store)` returns the completion text (JSON lines).
 
-    `max_calls` and `max_completion_tokens` cap the output (the rollout's completion budget), keeping
-    the most valuable calls: updates, then facts, labelled examples, events, other statements, core.
-    `visible_ids`, when given to `write`, restricts updates to entries the writer view shows, as a
-    policy can only address ids it sees.
+    `max_calls` and `max_completion_tokens` (counted with `count_tokens`) cap the output, keeping the
+    most valuable calls: updates, labelled examples, facts, events, then the core rewrite. Updates only
+    address entries in `visible_ids` when given (the ids the writer view shows), since a policy can only
+    update what it sees.
     """
 
-    schema: MemorySchema
-    max_calls: int = 8
-    max_completion_tokens: int | None = None
-    count_tokens: TokenCounter = regex_token_count
-    core_max_words: int = 60
-    _sections: dict[str, str] = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        names = {s.name for s in self.schema.list_sections}
-        if not names:
-            raise ValueError(f"memory schema {self.schema.name!r} has no list section to write to")
-        first = self.schema.list_sections[0].name
-        self._sections = {
-            "fact": "semantic" if "semantic" in names else first,
-            "example": "semantic" if "semantic" in names else first,
-            "statement": "semantic" if "semantic" in names else first,
-            "event": "episodic" if "episodic" in names else first,
-        }
-        self._persona = not ({"semantic", "episodic"} <= names)
+    def __init__(
+        self,
+        schema: MemorySchema,
+        max_calls: int = 8,
+        max_completion_tokens: int | None = None,
+        count_tokens: TokenCounter = regex_token_count,
+        core_max_words: int = 48,
+    ):
+        lists = [s.name for s in schema.list_sections]
+        if not lists:
+            raise ValueError(f"memory schema {schema.name!r} has no list section to write to")
+        self.schema = schema
+        self.max_calls = max_calls
+        self.max_completion_tokens = max_completion_tokens
+        self.count_tokens = count_tokens
+        self.core_max_words = core_max_words
+        self._fact_section = "semantic" if "semantic" in lists else lists[0]
+        self._event_section = "episodic" if "episodic" in lists else self._fact_section
+        self._has_core = "core" in schema.names and not schema.section("core").is_list
 
     # ---- reading the chunk ---------------------------------------------------------------------
 
     @staticmethod
-    def _utterances(chunk_text: str) -> list[_Utterance]:
+    def utterances(chunk_text: str) -> list[_Utterance]:
+        """Speaker turns (or plain lines) with the session date in force."""
         date: str | None = None
         out: list[_Utterance] = []
         for raw in chunk_text.splitlines():
@@ -141,13 +145,12 @@ class RuleWriter:
             if not line:
                 continue
             if match := _HEADER.match(line):
-                date = match.group("date") or date
-                continue
-            if match := _LATER.match(line):
-                date = match.group("date")
-                continue
-            if match := _SPEAKER.match(line):
-                out.append(_Utterance(match.group("speaker"), match.group("text"), match.group("stamp") or date))
+                date = _day(match.group("date")) if match.group("date") else date
+            elif match := _LATER.match(line):
+                date = _day(match.group("date"))
+            elif match := _SPEAKER.match(line):
+                stamp = match.group("stamp")
+                out.append(_Utterance(match.group("speaker"), match.group("text"), _day(stamp) if stamp else date))
             else:
                 out.append(_Utterance(None, line, date))
         return out
@@ -156,9 +159,11 @@ class RuleWriter:
         """Everything worth storing in a chunk, in text order, without repeats."""
         found: list[Extraction] = []
         seen: set[str] = set()
-        for utt in self._utterances(chunk_text):
-            whole = self._example(utt)
-            items = [whole] if whole else [x for s in _sentences(utt.text) if (x := self._sentence(s, utt))]
+        utterances = self.utterances(chunk_text)
+        speakers = frozenset(u.speaker for u in utterances if u.speaker)
+        for utt in utterances:
+            example = _example(utt.text)
+            items = [example] if example else [x for s in _sentences(utt.text) if (x := _statement(s, utt, speakers))]
             for item in items:
                 key = normalize_content(item.content).lower()
                 if key not in seen:
@@ -166,112 +171,88 @@ class RuleWriter:
                     found.append(item)
         return found
 
-    @staticmethod
-    def _example(utt: _Utterance) -> Extraction | None:
-        match = _LABEL.match(utt.text)
-        if not match:
-            return None
-        text = _INPUT_PREFIX.sub("", match.group("input").strip().strip("\"'")).strip().strip("\"'").rstrip(" ,;:-")
-        if len(text.split()) < 2:
-            return None
-        return Extraction("example", f'"{text}" has label {match.group("label")}.')
-
-    def _sentence(self, sentence: str, utt: _Utterance) -> Extraction | None:
-        text = sentence.strip()
-        if len(text.split()) < 3 or text.endswith("?") or _QUESTION_START.match(text) or _SMALL_TALK.match(text):
-            return None
-        speaker = utt.speaker or ""
-        first_person = re.search(r"\b(I|I'm|I've|my|me)\b", text) is not None
-        if first_person and speaker:
-            for pattern, subject, template in _FACT_PATTERNS:
-                match = pattern.search(text)
-                if not match:
-                    continue
-                groups = {k: _clean_value(v) for k, v in match.groupdict().items() if v}
-                if not groups.get("v"):
-                    continue
-                if not template:  # likes: no subject, stored as a statement
-                    return Extraction("fact", _sentence_case(third_person(text, speaker)), "", speaker)
-                values = {"s": speaker, **groups}
-                return Extraction("fact", template.format(**values) + ".", subject.format(**values), speaker)
-        if _TIME_WORD.search(text) or (first_person and _PAST_VERB.search(text)):
-            body = third_person(text, speaker) if speaker and first_person else text
-            body = _sentence_case(body.rstrip(".!"))
-            prefix = f"On {utt.date}, " if utt.date else ""
-            return Extraction("event", f"{prefix}{body}.", "", speaker)
-        if _NUMBER.search(text) or _CAPITALISED.search(text):
-            body = third_person(text, speaker) if speaker and first_person else text
-            if speaker and not first_person and not text.lower().startswith(speaker.lower()):
-                body = f"{speaker} said: {text}" if re.search(r"\b(you|your|we|our)\b", text, re.I) is None else ""
-            if body and not re.search(r"\b(you|your)\b", body, re.I):
-                return Extraction("statement", _sentence_case(body.rstrip(".!")) + ".", "", speaker)
-        return None
-
     # ---- writing -------------------------------------------------------------------------------
 
     def _section(self, item: Extraction) -> str:
-        if not self._persona:
-            return self._sections[item.kind]
-        lower = item.content.lower()
-        for section, words in _PERSONA_KEYWORDS.items():
-            if section in self.schema.names and any(w in lower for w in words):
-                return section
-        return self._sections[item.kind]
-
-    @staticmethod
-    def _find_subject(store: MemoryStore, section: str, subject: str, visible: set[str] | None) -> str | None:
-        prefix = subject.lower()
-        for entry in reversed(store.entries(section)):
-            if entry.content.lower().startswith(prefix) and (visible is None or entry.id in visible):
-                return entry.id
-        return None
+        return self._event_section if item.kind == "event" else self._fact_section
 
     def plan(self, chunk_text: str, store: MemoryStore, visible_ids: set[str] | None = None) -> list[dict]:
         """The tool calls (as dicts) for one chunk, most valuable first, before any budget cut."""
-        updates: list[dict] = []
-        inserts: dict[str, list[dict]] = {"fact": [], "example": [], "event": [], "statement": []}
-        existing = {normalize_content(e.content).lower() for _, e in store.all_entries()}
-        profile: dict[str, str] = {}
-        for item in self.extract(chunk_text):
-            if normalize_content(item.content).lower() in existing:
+        known = {normalize_content(e.content).lower() for _, e in store.all_entries()}
+        # what a change can apply to: visible entries and this chunk's planned inserts, as they will read
+        targets = {e.id: (s, e.content) for s, e in store.all_entries() if visible_ids is None or e.id in visible_ids}
+        updated: dict[str, str] = {}
+        inserts: dict[str, tuple[int, int, str]] = {}  # key -> (score, order, section)
+        for order, item in enumerate(self.extract(chunk_text)):
+            if normalize_content(item.content).lower() in known:
                 continue
-            section = self._section(item)
-            if item.subject:
-                if item.subject.split(" ", 1)[-1].startswith(_PROFILE_SUBJECTS):
-                    profile[item.subject.lower()] = item.content
-                entry_id = self._find_subject(store, section, item.subject, visible_ids)
-                if entry_id is not None:
-                    updates.append(_call("memory_update", memory_type=section, memory_id=entry_id, new_content=item.content))
+            if item.change:
+                key = _same_subject(item, targets)
+                if key is not None:
+                    # the latest statement of a subject wins: one write per entry and chunk
+                    section = targets[key][0]
+                    content = item.content
+                    if section == self._event_section != self._fact_section and item.kind != "event" and item.date:
+                        content = f"On {item.date}, {_lower_first(content)}"  # an episodic entry keeps its date
+                    targets[key] = (section, content)
+                    if key in inserts:
+                        inserts[key] = (max(inserts[key][0], item.score), inserts[key][1], section)
+                    else:
+                        updated[key] = content
                     continue
-            inserts[item.kind].append(_call("memory_insert", memory_type=section, content=item.content))
-        calls = updates + inserts["fact"] + inserts["example"] + inserts["event"] + inserts["statement"]
-        core = self._core(store, profile)
+            if item.score > 0:
+                key = f"new-{order}"
+                targets[key] = (self._section(item), item.content)
+                inserts[key] = (item.score, order, self._section(item))
+        calls = [
+            _call("memory_update", memory_type=targets[key][0], memory_id=key, new_content=content)
+            for key, content in updated.items()
+        ]
+        ranked = sorted(inserts.items(), key=lambda kv: (-kv[1][0], kv[1][1]))
+        calls += [_call("memory_insert", memory_type=section, content=targets[key][1]) for key, (_, _, section) in ranked]
+        core = self._core(store, calls, chunk_text)
         if core is not None:
             calls.append(_call("memory_update", memory_type="core", new_content=core))
         return calls
 
-    def _core(self, store: MemoryStore, profile: dict[str, str]) -> str | None:
-        """A rewritten core paragraph when this chunk brings new profile facts (name, home, job, age)."""
-        if not profile or "core" not in store.schema.names or store.schema.section("core").is_list:
+    def _core(self, store: MemoryStore, calls: list[dict], chunk_text: str) -> str | None:
+        """Rewritten core when it changes: who is talking, then their current home and job facts."""
+        if not self._has_core:
             return None
-        facts: dict[str, str] = {}
-        for _, entry in store.all_entries():
-            for subject in _PROFILE_SUBJECTS:
-                head = entry.content.split(subject, 1)[0]
-                if subject in entry.content and head.count(" ") <= 2:
-                    facts[(head + subject).lower()] = entry.content
-        facts.update(profile)
-        sentences = list(dict.fromkeys(facts.values()))
-        while sentences and len(" ".join(sentences).split()) > self.core_max_words:
-            sentences.pop(0)  # oldest profile facts give way to the newest
+        after = store.copy()
+        for call in calls:
+            args = call["arguments"]
+            if call["name"] == "memory_insert":
+                after.insert(args["memory_type"], args["content"], 0)
+            else:
+                after.update(args["memory_type"], args["memory_id"], args["new_content"], 0)
+        speakers = list(dict.fromkeys(u.speaker for u in self.utterances(chunk_text) if u.speaker))
+        previous = store.paragraph("core")
+        names = _core_names(previous)
+        for name in speakers:
+            if name not in names:
+                names.append(name)
+        if not names:
+            return None
+        sentences = [f"Conversation between {' and '.join(names)}." if len(names) > 1 else f"Notes about {names[0]}."]
+        profile = [e.content for _, e in after.all_entries() if _PROFILE.search(e.content) and any(n in e.content for n in names)]
+        for content in reversed(profile):  # newest first; older ones give way to the word cap
+            if len(" ".join(sentences + [content]).split()) <= self.core_max_words:
+                sentences.append(content)
         core = " ".join(sentences)
-        return core if core and core != store.paragraph("core") else None
+        return core if core != previous else None
 
     def write(self, chunk_text: str, store: MemoryStore, visible_ids: set[str] | None = None) -> str:
         """The completion text for one chunk: JSON lines, or NOTHING_TO_STORE."""
         lines: list[str] = []
         used = 0
-        for call in self.plan(chunk_text, store, visible_ids)[: self.max_calls]:
+        planned = self.plan(chunk_text, store, visible_ids)
+        substantive = [c for c in planned if c["arguments"].get("memory_type") != "core"]
+        if not substantive:
+            return NOTHING_TO_STORE  # a new core alone (speaker names) is not worth a call
+        for call in planned:
+            if len(lines) >= self.max_calls:
+                break
             line = json.dumps(call, ensure_ascii=False)
             cost = self.count_tokens(line + "\n")
             if self.max_completion_tokens is not None and used + cost > self.max_completion_tokens:
@@ -281,21 +262,112 @@ class RuleWriter:
         return "\n".join(lines) if lines else NOTHING_TO_STORE
 
 
+_PROFILE = re.compile(r"\b(?:lives in|is in|moved (?:from \S+(?: \S+){0,3} )?to|works (?:as|at|for)|is an? |joined)\b")
+_CORE_NAMES = re.compile(r"^(?:Conversation between (?P<many>.+?)|Notes about (?P<one>.+?))\.")
+
+
+def _core_names(core: str) -> list[str]:
+    match = _CORE_NAMES.match(core)
+    if not match:
+        return []
+    return [n.strip() for n in (match.group("many") or match.group("one")).split(" and ") if n.strip()]
+
+
 def _call(name: str, **arguments: str) -> dict:
     return {"name": name, "arguments": arguments}
 
 
+def _day(stamp: str) -> str:
+    """The session date without its clock time ("9:45 pm on 23 March, 2023" -> "23 March 2023")."""
+    return _CLOCK.sub("", stamp).replace(",", "").strip()
+
+
 def _sentences(text: str) -> list[str]:
-    return [s for s in _SENTENCE.split(text) if s.strip()]
+    return [s.strip() for s in _SENTENCE.split(text) if s.strip()]
 
 
-def _clean_value(value: str) -> str:
-    value = re.split(r"(?<=\w)[.!?;](?:\s|$)|,\s*(?:and|but|so|which|because)\b|\s+(?:and I|but I|because|so I)\b", value.strip())[0]
-    return value.strip().rstrip(".,!;:").strip()
+def _example(text: str) -> Extraction | None:
+    """A labelled example: a quoted input and its label in one utterance."""
+    quote, label = _QUOTE.search(text), _LABEL.search(text)
+    if not quote or not label or label.start() < quote.start():
+        return None
+    body = quote.group("text").strip().rstrip(".")
+    # neither a leading quote nor a "Name:" prefix: both read as a dialogue line to the rule judge
+    return Extraction("example", f'Label {label.group("label")} covers inputs like "{body}"', score=10)
 
 
-def _sentence_case(text: str) -> str:
-    return text[:1].upper() + text[1:] if text else text
+_WE = re.compile(r"\b(?:we|our|ours)\b", re.I)
+_ELIDED_SUBJECT = re.compile(r"^(?:[A-Z][a-z]+ed|Sold|Bought|Got|Made|Took|Ran|Met|Left|Began|Found|Picked|Finished|Started|Moved)\b")
+
+
+def _specific(text: str, speakers: frozenset[str] = frozenset()) -> int:
+    """Specific tokens: names (capitalised, not sentence-initial, not a calendar word, not one of the
+    people talking: addressing the listener is not a fact), numbers, quotes."""
+    words = re.findall(r"[A-Za-z][\w'-]*|\d[\d:.,/-]*", text)
+    names = [w for w in words[1:] if w[0].isupper() and w != "I" and w.lower() not in _CALENDAR and w not in speakers]
+    numbers = [w for w in words if w[0].isdigit()]
+    return len(names) + len(numbers) + len(_QUOTE.findall(text))
+
+
+def _statement(sentence: str, utt: _Utterance, speakers: frozenset[str] = frozenset()) -> Extraction | None:
+    text = sentence.strip()
+    if len(text.split()) < 3:
+        return None
+    cue = _FACT_CUE.search(text) is not None
+    specific = _specific(text, speakers)
+    if _SMALL_TALK.match(text) and not (cue or specific):
+        return None
+    if text.endswith("?") or _QUESTION_START.match(text):
+        if not (cue and specific):
+            return None  # a real question, not a rhetorical announcement
+        text = text.rstrip("?") + "."
+    change = _CHANGE_CUE.search(text) is not None
+    if not cue and not specific and not change:
+        return None  # a change-only sentence is kept only if it matches a stored entry (see plan)
+    speaker = utt.speaker or ""
+    body = text.rstrip(".!").strip()
+    if speaker and (_FIRST_PERSON.search(body) or _WE.search(body)):
+        body = third_person(body, speaker)
+    elif speaker and _ELIDED_SUBJECT.match(body):
+        body = f"{speaker} {body[:1].lower()}{body[1:]}"
+    elif speaker and speaker not in body:
+        body = f"{speaker} said that {body[:1].lower()}{body[1:]}"
+    if speaker and _SECOND_PERSON.search(body):
+        body = _SECOND_PERSON.sub("the listener", body)
+    body = body[:1].upper() + body[1:]
+    event = _TIME_WORD.search(text) is not None or (_PAST_ACTION.search(text) is not None and not cue)
+    if event and utt.date:
+        body = f"On {utt.date}, {_lower_first(body)}"
+    score = 3 * cue + min(specific, 3)
+    return Extraction("event" if event else "fact", body + ".", speaker, change, score, utt.date)
+
+
+_FUNCTION_WORDS = frozenset("The A An Our We It They This That There Our Their His Her".split())
+
+
+def _lower_first(text: str) -> str:
+    """Lowercase a capitalised function word that no longer starts the sentence (names keep theirs)."""
+    first = text.split(" ", 1)[0]
+    return text[:1].lower() + text[1:] if first in _FUNCTION_WORDS else text
+
+
+def _content_words(text: str, skip: set[str]) -> set[str]:
+    return {w for w in re.findall(r"[a-z0-9][a-z0-9'-]*", text.lower()) if w not in _STOPWORDS and w not in skip and len(w) > 1}
+
+
+def _same_subject(item: Extraction, targets: dict[str, tuple[str, str]]) -> str | None:
+    """The entry a change announcement is about: the one (of the same speaker, if named) sharing the
+    most content words with it, newest first on ties; None when none shares any."""
+    skip = {"said", "listener"} | set(item.speaker.lower().split())
+    mine = _content_words(item.content, skip)
+    best, best_overlap = None, 0
+    for entry_id, (_, content) in reversed(list(targets.items())):
+        if item.speaker and item.speaker not in content:
+            continue
+        overlap = len(mine & _content_words(content, skip))
+        if overlap > best_overlap:
+            best, best_overlap = entry_id, overlap
+    return best
 
 
 _PRONOUNS = [
@@ -305,14 +377,21 @@ _PRONOUNS = [
     (re.compile(r"\bI'll\b"), "{s} will"),
     (re.compile(r"\bI am\b"), "{s} is"),
     (re.compile(r"\bI was\b"), "{s} was"),
+    (re.compile(r"\bI don't\b"), "{s} doesn't"),
+    (re.compile(r"\bI do not\b"), "{s} does not"),
     (re.compile(r"\bmyself\b", re.I), "{s}"),
     (re.compile(r"\bmine\b", re.I), "{s}'s"),
     (re.compile(r"\bmy\b", re.I), "{s}'s"),
-    (re.compile(r"\bme\b"), "{s}"),
+    (re.compile(r"\bme\b", re.I), "{s}"),
+    (re.compile(r"\bour\b", re.I), "{s}'s"),
+    (re.compile(r"\bours\b", re.I), "{s}'s"),
+    (re.compile(r"\bwe're\b", re.I), "{s} is"),
+    (re.compile(r"\bwe've\b", re.I), "{s} has"),
 ]
 _KEEP_VERB = frozenset(
     "can could will would shall should may might must did was went had got made took saw met said told came "
-    "bought ran left found gave won lost flew drove wrote read sold began kept felt thought heard knew became".split()
+    "bought ran left found gave won lost flew drove wrote read sold began kept felt thought heard knew became "
+    "quit put set hurt cut let hit".split()
 )
 _IRREGULAR_3RD = {"have": "has", "do": "does", "go": "goes", "am": "is"}
 
@@ -340,4 +419,59 @@ def third_person(text: str, speaker: str) -> str:
         adverbs, verb = match.group("adv") or "", match.group("verb")
         return f"{speaker} {adverbs}{_third_person_verb(verb)}"
 
-    return re.sub(r"\bI (?P<adv>(?:\w+ly |also |just |still |now |often |never |always )*)(?P<verb>[A-Za-z']+)", subject_verb, text)
+    return re.sub(r"\b(?:I|[Ww]e) (?P<adv>(?:\w+ly |also |just |still |now |often |never |always |finally )*)(?P<verb>[A-Za-z']+)", subject_verb, text)
+
+
+@dataclass
+class WriterStep:
+    """One chunk of a rule-writer run: the prompt the policy would see, the completion and its results."""
+
+    chunk_index: int
+    prompt: str
+    completion: str
+    results: list
+    nothing_to_store: bool
+
+
+_VIEW_ID = re.compile(r"^- (?P<id>[a-z_]+-\d+): ", re.M)
+
+
+def visible_ids(prompt: str) -> set[str]:
+    """Entry ids shown in a rendered writer prompt (the writer view lists entries as `- sem-3: ...`)."""
+    return {m.group("id") for m in _VIEW_ID.finditer(prompt)}
+
+
+def run_rule_writer(
+    chunks: list[str],
+    writer: RuleWriter,
+    memory_cfg,
+    retrieval_cfg,
+    tokenizer=None,
+    count_tokens: TokenCounter | None = None,
+) -> tuple[MemoryStore, list[WriterStep]]:
+    """Run the rule writer over an instance's chunks with an evolving memory, exactly as a rollout does:
+    the writer view (newest + relevant entries via the retrieval index) is rendered into the writer
+    prompt, the writer may only update entries the prompt shows, and its output is parsed and executed.
+
+    With `tokenizer`, prompts are rendered with its chat template (SFT demonstrations); without, the
+    plain writer messages are used (evaluation baseline, no model needed).
+    """
+    from memalpha.memory.views import writer_view
+    from memalpha.prompts import render_writer_prompt, writer_user_message
+    from memalpha.retrieval import MemoryIndex
+    from memalpha.tools import execute_text
+
+    store = MemoryStore(writer.schema, count_tokens or regex_token_count)
+    index = MemoryIndex(store, retrieval_cfg)
+    steps: list[WriterStep] = []
+    for t, chunk in enumerate(chunks):
+        if tokenizer is not None:
+            prompt = render_writer_prompt(tokenizer, store, chunk, memory_cfg, index.search)
+        else:
+            view = writer_view(store, chunk, index.search, memory_cfg.writer_view_tokens,
+                               memory_cfg.writer_newest_entries, memory_cfg.writer_relevant_entries)
+            prompt = writer_user_message(view, chunk)
+        completion = writer.write(chunk, store, visible_ids(prompt))
+        parsed, results = execute_text(store, completion, t)
+        steps.append(WriterStep(t, prompt, completion, results, parsed.nothing_to_store))
+    return store, steps

@@ -20,6 +20,8 @@ NIGHTLY_SUFFIX = "-nightly"
 @task(name="fetch-model", cache_policy=NO_CACHE, retries=1)
 def fetch_model(config: RunConfig, alias: str, dest: str) -> dict[str, Any]:
     """Download `<registered_model>@<alias>` into `dest`; returns its adapter folder, version and base policy."""
+    from memalpha.evaluation import resolve_adapter
+
     client = tracking.configure()
     name = config.tracking.registered_model
     try:
@@ -28,20 +30,20 @@ def fetch_model(config: RunConfig, alias: str, dest: str) -> dict[str, Any]:
         raise RuntimeError(f"no model version of {name!r} has the alias {alias!r}; train one first (make train)") from exc
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}@{alias}", dst_path=dest))
     flavor = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["transformers"]
-    adapter = local / flavor.get("peft_adaptor", "peft_adaptor")
+    adapter = resolve_adapter(local)
     trained_with = client.get_run(version.run_id).data.params if version.run_id else {}
-    return {"name": name, "version": version.version, "run_id": version.run_id, "adapter": str(adapter),
-            "policy": trained_with.get("model.policy", config.model.policy),
-            "base_model_path": flavor.get("local_base_model_path")}
+    # the base recorded at logging time, by local path, is exactly the weights the adapter was trained on
+    base = flavor.get("local_base_model_path")
+    policy = base if base and Path(base, "config.json").is_file() else trained_with.get("model.policy", config.model.policy)
+    return {"name": name, "version": version.version, "run_id": version.run_id, "adapter": str(adapter), "policy": policy}
 
 
 @task(name="run-evaluation", cache_policy=NO_CACHE)
 def run_evaluation(config: RunConfig, adapter: str | None, out_dir: str) -> dict[str, Any]:
     """Evaluate with memalpha.evaluation and write its report; returns the flat metrics and report files."""
-    from memalpha.evaluation import evaluate  # written by the evaluation issue
-    from memalpha.evaluation.report import write_report
+    from memalpha.evaluation import evaluate, write_report
 
-    result = evaluate(config, adapter=adapter)
+    result = evaluate(config, model_uri=adapter, progress=get_run_logger().info)
     paths = write_report(result, out_dir, title=f"Nightly evaluation ({config.eval.split})")
     return {"metrics": result.metrics(), "report_dir": out_dir, "files": {k: str(v) for k, v in paths.items()}}
 

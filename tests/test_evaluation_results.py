@@ -66,6 +66,8 @@ def test_overall_score_is_plain_mean_over_sources_then_mean_and_std_over_seeds(r
     row = result.summary().filter(pl.col("method") == "writer").row(0, named=True)
     assert row["score"] == pytest.approx((0.75 + 0.5) / 2)
     assert row["score_std"] == pytest.approx(math.sqrt(2 * 0.125**2 / 1))
+    # per competency: seed 0 (0.5 + 1.0) / 2, seed 1 (1.0 + 0.0) / 2
+    assert row["competency_mean"] == pytest.approx((0.75 + 0.5) / 2)
     assert row["seeds"] == 2
     assert row["memory_tokens"] == pytest.approx((20 + 30) / 2)
     assert row["memory_tokens_std"] == pytest.approx(math.sqrt(2 * 5**2))
@@ -119,8 +121,8 @@ def test_report_writes_tables_and_plots(result, tmp_path):
     result.info = {"data": "fixture", "seeds": [0, 1]}
     paths = write_report(result, tmp_path, title="Fixture")
     markdown = paths["markdown"].read_text()
-    assert "| writer | 0.625 ± 0.177 | 25 ± 7 | 0.750 ± 0.071 | 0.875 ± 0.177 | 9.0 | 2 | 2 | 3 | 100 | 2 |" in markdown
-    assert "| closed | 0.500 | 0 | 1.000 | - |" in markdown
+    assert "| writer | 0.625 ± 0.177 | 0.625 ± 0.177 | 25 ± 7 | 0.750 ± 0.071 | 0.875 ± 0.177 | 9.0 | 2 | 2 | 3 | 100 | 2 |" in markdown
+    assert "| closed | 0.500 | 0.500 | 0 | 1.000 | - |" in markdown
     summary = pl.read_csv(paths["summary_csv"])
     assert summary["score"].to_list() == pytest.approx([0.625, 0.5])
     assert pl.read_csv(paths["by_competency_csv"]).height == 4

@@ -15,13 +15,14 @@ from tasks import tracking
 from tasks.train import _bounded_samples, _maybe_fail, _stage_step, block_bounds, publish_block, InjectedFailure
 
 
-@pytest.fixture()
-def store(tmp_path, monkeypatch):
-    """A fresh SQLite tracking store in tmp, selected the way users select a remote one."""
-    uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
-    (tmp_path / "mlruns").mkdir()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    return tmp_path / "mlruns"
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A SQLite tracking store in tmp (created once: migrations take seconds), selected the way users
+    select a remote one."""
+    root = tmp_path_factory.mktemp("mlruns")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        yield root
 
 
 def _samples(step: int) -> pl.DataFrame:

@@ -212,3 +212,29 @@ def test_embedder_cache_and_normalisation(embedder):
     assert vectors.shape == (3, 384)
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     assert np.array_equal(vectors[0], vectors[1])
+
+
+def test_dense_embeds_pending_writes_in_one_batch(embedder):
+    class Counting:
+        dim = embedder.dim
+
+        def __init__(self):
+            self.batches = []
+
+        def encode(self, texts):
+            self.batches.append(list(texts))
+            return embedder.encode(texts)
+
+    counting = Counting()
+    r = DenseRetriever(counting)
+    r.add("a", "Alice moved to Lisbon.")
+    r.add("b", "Bob likes pizza.")
+    r.update("b", "Bob likes sushi.")
+    r.add("c", "temporary")
+    r.remove("c")
+    assert len(r) == 2 and counting.batches == []
+    assert r.search("Who likes sushi?", 1)[0][0] == "b"
+    # the query, then one batch for all pending writes with only the latest text of each
+    assert counting.batches == [["Who likes sushi?"], ["Alice moved to Lisbon.", "Bob likes sushi."]]
+    r.update("a", "Alice moved to Madrid.")
+    assert r.search("Madrid", 1)[0][0] == "a" and r.index.ntotal == 2

@@ -111,8 +111,8 @@ def _prep(args) -> int:
     from memalpha.data.prep import prepare
 
     config = load_config(args.config, args.set)
-    if args.chunk_tokens is not None and not 128 <= args.chunk_tokens <= 8192:
-        raise UserError(f"--chunk-tokens must be in 128..8192, got {args.chunk_tokens}")
+    if args.chunk_tokens is not None and not 512 <= args.chunk_tokens <= 4096:
+        raise UserError(f"--chunk-tokens must be in 512..4096, got {args.chunk_tokens}")
     tokenizer, name = _tokenizer(args.tokenizer, config)
     summary = prepare(args.source, args.path, args.out, tokenizer=tokenizer, tokenizer_name=name, data_cfg=config.data,
                       chunk_tokens=args.chunk_tokens, drop_invalid=args.drop_invalid, overwrite=args.overwrite,

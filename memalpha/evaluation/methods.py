@@ -20,11 +20,16 @@ import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
+from memalpha.cli import UserError
 from memalpha.config import RunConfig
 from memalpha.data.schema import Instance
 from memalpha.memory import MemoryStore, get_schema, reader_view, truncate_to_tokens, writer_view
+from memalpha.models.policy import ADAPTER_CONFIG
 from memalpha.retrieval import ChunkIndex, MemoryIndex
 from memalpha.rule_writer import RuleWriter
 from memalpha.tokens import TokenCounter
@@ -254,3 +259,39 @@ def make_method(name: str, env: EvalEnv, model_uri: str | None = None) -> Method
     if name == "base":
         return PolicyMethod(env, "base", adapter=None)
     raise ValueError(f"unknown evaluation method {name!r}; choose from {', '.join(ALL_METHODS)}")
+
+
+_URI_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:", "s3://", "gs://", "http://", "https://")
+
+
+def resolve_adapter(model: str | Path) -> Path:
+    """The LoRA adapter folder behind `model`: an adapter folder itself, a training checkpoint
+    (`<ckpt>/adapter`), a run folder (its latest checkpoint), or a downloaded registered model (the
+    `peft_adaptor` folder its MLmodel names). MLflow URIs are resolved by the tasks layer, not here."""
+    text = str(model)
+    if text.startswith(_URI_SCHEMES):
+        raise UserError(
+            f"--model {text}: remote/MLflow URIs are resolved by the pipeline (flow `evaluate`); download the model "
+            "first (`mlflow artifacts download -u URI -d DIR`) and pass the folder"
+        )
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise UserError(f"--model {path}: no such file or folder")
+    if (path / ADAPTER_CONFIG).is_file():
+        return path
+    if (path / "adapter" / ADAPTER_CONFIG).is_file():
+        return path / "adapter"
+    checkpoints = sorted((path / "checkpoints").glob("step-*/adapter")) if (path / "checkpoints").is_dir() else []
+    if checkpoints:
+        return checkpoints[-1]
+    mlmodel = path / "MLmodel"
+    if mlmodel.is_file():
+        flavors = (yaml.safe_load(mlmodel.read_text()) or {}).get("flavors", {})
+        adapter = path / (flavors.get("transformers", {}).get("peft_adaptor") or "peft_adaptor")
+        if (adapter / ADAPTER_CONFIG).is_file():
+            return adapter
+        raise UserError(f"--model {path}: the MLmodel names no PEFT adapter folder with {ADAPTER_CONFIG} (looked in {adapter})")
+    raise UserError(
+        f"--model {path}: not an adapter folder ({ADAPTER_CONFIG}), checkpoint (adapter/), run folder (checkpoints/) "
+        "or downloaded registered model (MLmodel)"
+    )

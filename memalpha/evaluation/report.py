@@ -14,6 +14,7 @@ from memalpha.evaluation.results import EvalResult
 SUMMARY_COLUMNS = [
     ("method", "method"),
     ("score", "score"),
+    ("competency_mean", "mean over competencies"),
     ("memory_tokens", "memory tokens"),
     ("compression", "compression"),
     ("tool_success", "tool-call success"),
@@ -34,7 +35,7 @@ def _cell(row: dict[str, Any], column: str) -> str:
     if value is None:
         return "-"
     std = row.get(f"{column}_std")
-    if column in ("score", "compression", "tool_success"):
+    if column in ("score", "competency_mean", "compression", "tool_success"):
         text = f"{value:.3f}"
         return f"{text} ± {std:.3f}" if std and row.get("seeds", 1) > 1 else text
     if column in ("memory_tokens", "input_tokens"):
@@ -58,7 +59,9 @@ def markdown_table(table: pl.DataFrame, columns: list[tuple[str, str]]) -> str:
 
 
 def _group_columns(group: str) -> list[tuple[str, str]]:
-    return [("method", "method"), (group, group.replace("_", " "))] + [c for c in SUMMARY_COLUMNS[1:] if c[0] != "sources"]
+    return [("method", "method"), (group, group.replace("_", " "))] + [
+        c for c in SUMMARY_COLUMNS[1:] if c[0] not in ("sources", "competency_mean")
+    ]
 
 
 def summary_markdown(result: EvalResult) -> str:
@@ -134,7 +137,8 @@ def plot_score_vs_length(points: pl.DataFrame, path: Path, title: str = "Score v
 
 
 def write_report(result: EvalResult, out_dir: str | Path, title: str = "Evaluation", extra_markdown: str = "") -> dict[str, Path]:
-    """Write results.md, summary/by_competency/by_source CSVs, the raw records, info.json and the plots.
+    """Write results.md, summary/by_competency/by_source CSVs, the raw records, the finished memories
+    (memories.jsonl), info.json and the plots.
 
     Returns the written paths by name, so the pipeline can log them as artifacts.
     """
@@ -153,6 +157,8 @@ def write_report(result: EvalResult, out_dir: str | Path, title: str = "Evaluati
     result.questions.write_csv(paths["questions"])
     paths["instances"] = out / "instances.csv"
     result.instances.write_csv(paths["instances"])
+    paths["memories"] = out / "memories.jsonl"
+    paths["memories"].write_text("".join(json.dumps(m, ensure_ascii=False) + "\n" for m in result.memories))
     paths["info"] = out / "info.json"
     paths["info"].write_text(json.dumps(result.info, indent=2, sort_keys=True, default=str))
     paths["score_vs_memory"] = plot_score_vs_memory(result, out / "score_vs_memory.png")

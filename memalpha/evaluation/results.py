@@ -6,7 +6,8 @@ input and memory size, tool-call counts and timings.
 
 Aggregation rules (documented in docs/EVALUATION.md):
 - a group's score (a data source or a competency) is the mean of its question scores;
-- a method's overall score is the plain, unweighted mean of its per-source scores;
+- a method's overall score is the plain, unweighted mean of its per-source scores (and, beside it,
+  `competency_mean`, the plain mean of its per-competency scores);
 - memory tokens and compression are means over instances; tool success is successful / all calls
   (absent for methods that make no calls); seconds is the method's total wall time over all instances;
 - every number is first computed per seed, then reported as the mean over seeds with the sample
@@ -77,12 +78,14 @@ def empty_instances() -> pl.DataFrame:
 class EvalResult:
     """Everything an evaluation measured, plus how it was run.
 
-    `questions` and `instances` are the raw records (schemas above); `info` holds the run description
-    (data path, split, seeds, reader, model, config) written next to the tables.
+    `questions` and `instances` are the raw records (schemas above); `memories` the finished memories of
+    memory methods ({method, seed, instance_id, memory}); `info` the run description (data path, split,
+    seeds, reader, model) written next to the tables.
     """
 
     questions: pl.DataFrame = field(default_factory=empty_questions)
     instances: pl.DataFrame = field(default_factory=empty_instances)
+    memories: list[dict[str, Any]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -99,6 +102,7 @@ class EvalResult:
         return EvalResult(
             questions=pl.concat([self.questions, other.questions], how="vertical"),
             instances=pl.concat([self.instances, other.instances], how="vertical"),
+            memories=self.memories + other.memories,
             info={**other.info, **self.info},
         )
 
@@ -161,17 +165,26 @@ def group_table(result: EvalResult, column: str) -> pl.DataFrame:
 
 
 def summary_table(result: EvalResult) -> pl.DataFrame:
-    """Per method: the plain mean over data sources of per-source scores (per seed, then over seeds)."""
+    """Per method: `score`, the plain mean over data sources of per-source scores, and `competency_mean`,
+    the plain mean over competencies (each per seed, then mean/std over seeds)."""
     source_scores = result.questions.group_by(["method", "data_source", "seed"], maintain_order=True).agg(
         pl.col("score").mean().alias("score")
     )
     overall = source_scores.group_by(["method", "seed"], maintain_order=True).agg(
         pl.col("score").mean().alias("score"), pl.col("data_source").n_unique().alias("sources")
     )
+    competency_mean = (
+        result.questions.group_by(["method", "competency", "seed"], maintain_order=True)
+        .agg(pl.col("score").mean())
+        .group_by(["method", "seed"], maintain_order=True)
+        .agg(pl.col("score").mean().alias("competency_mean"))
+    )
     questions = result.questions.group_by(["method", "seed"], maintain_order=True).agg(pl.len().alias("questions"))
     per_seed = _instance_stats(result.instances, ["method"]).join(overall, on=["method", "seed"], how="left")
+    per_seed = per_seed.join(competency_mean, on=["method", "seed"], how="left")
     per_seed = per_seed.join(questions, on=["method", "seed"], how="left")
-    table = _seed_stats(per_seed, ["method"], ["score", "memory_tokens", "compression", "tool_success", "seconds"])
+    values = ["score", "competency_mean", "memory_tokens", "compression", "tool_success", "seconds"]
+    table = _seed_stats(per_seed, ["method"], values)
     sizes = per_seed.group_by("method", maintain_order=True).agg(
         pl.col("sources").first(),
         pl.col("instances").first(),
@@ -197,14 +210,14 @@ def _put(metrics: dict[str, float], key: str, value: Any) -> None:
 def flat_metrics(result: EvalResult) -> dict[str, float]:
     """Flat `<method>/...` metrics for MLflow.
 
-    `<m>/score`, `<m>/score_std`, `<m>/memory_tokens`, `<m>/compression`, `<m>/tool_success` (only when
+    `<m>/score`, `<m>/score_std`, `<m>/competency_mean`, `<m>/memory_tokens`, `<m>/compression`, `<m>/tool_success` (only when
     the method made tool calls), `<m>/seconds`, `<m>/<competency>/score` (+ `_std`) and
     `<m>/source/<data_source>/score` (+ `_std`).
     """
     metrics: dict[str, float] = {}
     for row in summary_table(result).iter_rows(named=True):
         m = metric_name(row["method"])
-        for name in ("score", "score_std", "memory_tokens", "compression", "tool_success", "seconds"):
+        for name in ("score", "score_std", "competency_mean", "memory_tokens", "compression", "tool_success", "seconds"):
             _put(metrics, f"{m}/{name}", row[name])
     for row in group_table(result, "competency").iter_rows(named=True):
         prefix = f"{metric_name(row['method'])}/{metric_name(row['competency'])}"

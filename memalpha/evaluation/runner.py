@@ -12,12 +12,13 @@ import polars as pl
 
 from memalpha.cli import UserError
 from memalpha.config import RunConfig
+from memalpha.data.chunking import TokenCounts
 from memalpha.data.io import read_dataset
 from memalpha.data.schema import Instance
 from memalpha.evaluation.methods import ALL_METHODS, Built, EvalEnv, Method, make_method
 from memalpha.evaluation.results import INSTANCE_COLUMNS, QUESTION_COLUMNS, EvalResult
 from memalpha.metrics import score_answer
-from memalpha.models.readers import Reader, ReaderItem, make_reader
+from memalpha.models.readers import Reader, ReaderItem, competency_of, make_reader
 from memalpha.rewards import compression
 from memalpha.tokens import TokenCounter, regex_token_count, tokenizer_counter
 
@@ -39,20 +40,22 @@ def load_instances(config: RunConfig, data_dir: str | Path | None = None) -> lis
     return chosen[:limit] if limit else chosen
 
 
-def policy_token_counter(config: RunConfig) -> tuple[TokenCounter, str]:
-    """Token counter of the policy's tokenizer (memory sizes, budgets and input lengths all use it), or
-    the regex count when the tokenizer is not available here; returns (counter, description)."""
+def policy_tokenizer(config: RunConfig) -> tuple[Any, str]:
+    """The policy's tokenizer, which measures every memory size, budget and input length here, or the
+    regex counter when the tokenizer is not available; returns (tokenizer or counter, description)."""
     from memalpha.models.loading import TINY_POLICY, ModelNotPreparedError, build_tiny, load_tokenizer, resolve_model_path
 
     try:
         if config.model.policy == TINY_POLICY:
-            tokenizer = build_tiny()[1]
-        else:
-            tokenizer = load_tokenizer(resolve_model_path(config.model.policy))
+            return build_tiny()[1], "tiny policy tokenizer"
+        return load_tokenizer(resolve_model_path(config.model.policy)), f"{config.model.policy} tokenizer"
     except (ModelNotPreparedError, OSError) as exc:
         log.warning("no tokenizer for %s (%s); counting tokens with the regex fallback", config.model.policy, exc)
         return regex_token_count, "regex (policy tokenizer unavailable)"
-    return tokenizer_counter(tokenizer), f"{config.model.policy} tokenizer"
+
+
+def _counter(tokenizer: Any) -> TokenCounter:
+    return tokenizer if tokenizer is regex_token_count else tokenizer_counter(tokenizer)
 
 
 def _check_methods(methods: Sequence[str]) -> list[str]:
@@ -83,16 +86,17 @@ class _ReaderHolder:
 
 
 def _score(config: RunConfig, question, prediction: str) -> float:
+    # scored by competency: metrics' `auto` table knows the competencies, not every fine data type (single_hop, ...)
     return score_answer(
-        prediction, question.answers, question.question_type, question.superseded_answers,
+        prediction, question.answers, competency_of(question), question.superseded_answers,
         metric=config.reward.qa_metric, question=question.question,
     )
 
 
 def run_method(
     method: Method, instances: list[Instance], seed: int, reader: Reader, config: RunConfig, input_tokens: list[int]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Build, answer and score one method for one seed; returns (question rows, instance rows)."""
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Build, answer and score one method for one seed; returns (question rows, instance rows, memories)."""
     started = time.perf_counter()
     built: list[Built] = method.build(instances, seed)
     build_total = time.perf_counter() - started
@@ -108,6 +112,10 @@ def run_method(
     answer_total = time.perf_counter() - started
     question_rows: list[dict[str, Any]] = []
     instance_rows: list[dict[str, Any]] = []
+    memories = [
+        {"method": method.name, "seed": seed, "instance_id": inst.instance_id, "memory": result.memory}
+        for inst, result in zip(instances, built) if result.memory is not None
+    ]
     position = 0
     for inst, result, tokens in zip(instances, built, input_tokens):
         for q in inst.questions:
@@ -128,7 +136,7 @@ def run_method(
             "compression": compression(result.memory_tokens, tokens), "tool_calls": result.tool_calls,
             "tool_calls_ok": result.tool_calls_ok, "build_seconds": build_seconds, "answer_seconds": answer_total * share,
         })
-    return question_rows, instance_rows
+    return question_rows, instance_rows, memories
 
 
 def evaluate(
@@ -169,12 +177,14 @@ def evaluate(
     if instances is None:
         data_source = str(data_dir or config.eval.data_path)
         instances = load_instances(config, data_dir)
-    count_tokens, counter_name = policy_token_counter(config)
-    input_tokens = [sum(count_tokens(chunk) for chunk in inst.chunks) for inst in instances]
-    env = EvalEnv(config, count_tokens)
+    tokenizer, counter_name = policy_tokenizer(config)
+    batch_counts = TokenCounts(tokenizer)
+    input_tokens = [sum(batch_counts.counts(inst.chunks)) if inst.chunks else 0 for inst in instances]
+    env = EvalEnv(config, _counter(tokenizer))
     reader = _ReaderHolder(config)
     question_rows: list[dict[str, Any]] = []
     instance_rows: list[dict[str, Any]] = []
+    memories: list[dict[str, Any]] = []
     timings: dict[str, float] = {}
     say(f"evaluating {len(instances)} instances ({sum(len(i.questions) for i in instances)} questions, "
         f"{sum(input_tokens):,} input tokens) with methods {', '.join(method_names) or '(none)'}")
@@ -183,9 +193,10 @@ def evaluate(
         method = make_method(name, env, model_uri)
         try:
             for seed in seeds if method.stochastic else seeds[:1]:
-                q_rows, i_rows = run_method(method, instances, seed, reader.get(), config, input_tokens)
+                q_rows, i_rows, built_memories = run_method(method, instances, seed, reader.get(), config, input_tokens)
                 question_rows.extend(q_rows)
                 instance_rows.extend(i_rows)
+                memories.extend(built_memories)
                 score = sum(r["score"] for r in q_rows) / len(q_rows) if q_rows else float("nan")
                 memory = sum(r["memory_tokens"] for r in i_rows) / len(i_rows) if i_rows else 0.0
                 say(f"  {name:<12} seed {seed}: mean question score {score:.3f}, memory {memory:,.0f} tokens, "
@@ -212,5 +223,6 @@ def evaluate(
     return EvalResult(
         questions=pl.DataFrame(question_rows, schema=QUESTION_COLUMNS),
         instances=pl.DataFrame(instance_rows, schema=INSTANCE_COLUMNS),
+        memories=memories,
         info=info,
     )

@@ -82,8 +82,8 @@ class EvidenceReader:
     - accurate retrieval: a gold answer (normalised, on word boundaries) occurs in the context.
     - test-time learning: nearest-neighbour classification over the labelled examples in the context
       (lines with "label N", "category N", "-> N" or a boxed label): the label of the example whose
-      content words overlap most (Jaccard >= `min_overlap`) with the question's input (its quoted part
-      when there is one), as `\\boxed{label}`; no stored example close enough -> NO_ANSWER.
+      content words overlap most (Jaccard >= `min_overlap`) with the question's input (quoted parts
+      are compared when present), as `\\boxed{label}`; no stored example close enough -> NO_ANSWER.
     - long-range understanding: the gold keywords present in the context, joined by ", " (keyword
       hit rate then equals the share of keywords the memory kept).
     - conflict resolution: a line asserts the values it mentions without an obsolescence cue ("moved
@@ -127,7 +127,8 @@ class EvidenceReader:
             match = _LINE_LABEL.search(line)
             if not match:
                 continue
-            words = _content_words(_LINE_LABEL.sub(" ", line))
+            example = _QUOTED.findall(line)  # compare input with input when the example is quoted
+            words = _content_words(example[-1] if example else _LINE_LABEL.sub(" ", line))
             overlap = len(wanted & words) / len(wanted | words) if wanted and words else 0.0
             if overlap >= self.min_overlap and (best is None or overlap > best[0]):
                 best = (overlap, match.group("label"))
@@ -155,7 +156,7 @@ class EvidenceReader:
         return current_found or stale_found or NO_ANSWER
 
 
-_STALE_BEFORE = frozenset("old from former previous previously longer quit left goodbye sold replaced ex up used instead".split())
+_STALE_BEFORE = frozenset("old from former previous previously longer more quit left goodbye sold replaced ex up used instead".split())
 _STALE_AFTER = frozenset("anymore stopped".split())
 
 

@@ -1,8 +1,9 @@
 """Dense retrieval: faiss IndexIDMap2(IndexFlatIP) over unit vectors, i.e. exact cosine search.
 
-String ids map to fresh int64 ids on every write. An update adds the new vector under a new int id
-and queues the old one for removal; removals are applied in one `remove_ids` batch before the next
-search (IndexFlat removal compacts the whole array, so one batch instead of one pass per edit).
+String ids map to fresh int64 ids on every write. Texts added or updated are embedded lazily, in one
+batch before the next search (a writer's calls for a chunk cost one encoder pass, not one each). An
+update's old vector is queued for removal; removals are applied in one `remove_ids` batch before the
+next search (IndexFlat removal compacts the whole array, so one pass instead of one per edit).
 """
 
 from __future__ import annotations
@@ -26,44 +27,50 @@ class DenseRetriever:
         self._str_of: dict[int, str] = {}
         self._next = 0
         self._stale: list[int] = []
+        self._pending: dict[str, str] = {}  # doc_id -> text awaiting embedding
 
     def __len__(self) -> int:
-        return len(self._int_of)
+        return len(self._int_of) + len(self._pending)
 
     def __contains__(self, doc_id: str) -> bool:
-        return doc_id in self._int_of
+        return doc_id in self._int_of or doc_id in self._pending
 
     def add(self, doc_id: str, text: str) -> None:
-        """Index a new document; an existing id is an error (use `update`)."""
-        self.add_many([(doc_id, text)])
+        """Index a new document (embedded at the next search); an existing id is an error (use `update`)."""
+        if doc_id in self:
+            raise KeyError(f"document {doc_id!r} is already indexed")
+        self._pending[doc_id] = text
 
     def add_many(self, items: Iterable[tuple[str, str]]) -> None:
-        """Index many new documents with batched embedding."""
-        items = list(items)
-        if items:
-            self.add_vectors([i for i, _ in items], self.embedder.encode([t for _, t in items]))
+        """Index many new documents."""
+        for doc_id, text in items:
+            self.add(doc_id, text)
 
     def add_vectors(self, doc_ids: Sequence[str], vectors: np.ndarray) -> None:
-        """Index new documents from precomputed unit vectors (shape (n, dim))."""
+        """Index new documents from precomputed unit vectors (shape (n, dim)), immediately."""
         for doc_id in doc_ids:
-            if doc_id in self._int_of:
+            if doc_id in self:
                 raise KeyError(f"document {doc_id!r} is already indexed")
         if len(set(doc_ids)) != len(doc_ids):
             raise KeyError("duplicate ids in one add_vectors call")
         self._put(doc_ids, vectors)
 
     def update(self, doc_id: str, text: str) -> None:
-        """Replace the text (and so the vector) of an indexed document."""
-        self.update_vector(doc_id, self.embedder.encode([text])[0])
+        """Replace the text (and so, at the next search, the vector) of an indexed document."""
+        if doc_id not in self._pending:
+            self._stale.append(self._take(doc_id))
+        self._pending[doc_id] = text
 
     def update_vector(self, doc_id: str, vector: np.ndarray) -> None:
         """Replace the vector of an indexed document."""
-        self._stale.append(self._take(doc_id))
+        if self._pending.pop(doc_id, None) is None:
+            self._stale.append(self._take(doc_id))
         self._put([doc_id], vector[None, :])
 
     def remove(self, doc_id: str) -> None:
         """Drop a document."""
-        self._stale.append(self._take(doc_id))
+        if self._pending.pop(doc_id, None) is None:
+            self._stale.append(self._take(doc_id))
 
     def _take(self, doc_id: str) -> int:
         if doc_id not in self._int_of:
@@ -84,7 +91,11 @@ class DenseRetriever:
             self._str_of[int_id] = doc_id
 
     def sync(self) -> None:
-        """Apply queued removals to the faiss index (done before every search)."""
+        """Embed pending texts in one batch and apply queued removals (done before every search)."""
+        if self._pending:
+            ids, texts = list(self._pending), list(self._pending.values())
+            self._pending = {}
+            self._put(ids, self.embedder.encode(texts))
         if self._stale:
             self.index.remove_ids(np.asarray(self._stale, dtype=np.int64))
             self._stale = []
@@ -96,7 +107,7 @@ class DenseRetriever:
     def search_vector(self, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
         """Top-k documents by cosine similarity to a unit vector."""
         self.sync()
-        k = min(k, len(self._int_of))
+        k = min(k, len(self))
         if k <= 0:
             return []
         scores, ids = self.index.search(np.ascontiguousarray(vector[None, :], dtype=np.float32), k)

@@ -1,0 +1,214 @@
+"""Warm start: rule-writer demonstrations and a LoRA SFT stage with TRL's SFTTrainer.
+
+The untrained 135M policy writes prose, never tool calls; a short SFT on the rule writer's outputs
+teaches it the JSON-lines format before GRPO. Demonstrations are built exactly as rollouts see chunks:
+the rule writer runs over each training instance with an evolving memory, and each prompt is
+`render_writer_prompt` of that memory and chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from memalpha.config import RunConfig, SFTConfig
+from memalpha.data.schema import Instance
+from memalpha.memory.schema import get_schema
+from memalpha.parsing import NOTHING_TO_STORE
+from memalpha.rule_writer import RuleWriter, run_rule_writer
+from memalpha.tokens import tokenizer_counter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Demonstration:
+    """One prompt/completion pair (prompt: the rendered writer prompt; completion: JSON lines)."""
+
+    prompt: str
+    completion: str
+    instance_id: str
+    chunk_index: int
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def nothing_to_store(self) -> bool:
+        return self.completion.strip() == NOTHING_TO_STORE
+
+
+@dataclass
+class DemoStats:
+    """What build_demonstrations saw and kept."""
+
+    chunks: int = 0
+    kept: int = 0
+    nothing_to_store: int = 0
+    too_long: int = 0
+    calls_ok: float = 0.0
+
+
+def build_demonstrations(
+    instances: list[Instance],
+    config: RunConfig,
+    tokenizer,
+    *,
+    count: int | None = None,
+    nothing_share: float = 0.25,
+    seed: int = 0,
+    stats: DemoStats | None = None,
+) -> list[Demonstration]:
+    """Rule-writer demonstrations for the chunks of `instances`, as prompt/completion pairs.
+
+    Completions are cut to `rollout.max_completion_length` tokens (what a rollout may generate), pairs
+    longer than `sft.max_length` are dropped (truncation would cut the completion), and a sample of
+    `count` (default `sft.num_demonstrations`) is drawn with `nothing_share` of NOTHING_TO_STORE chunks
+    (when there are enough), so the model learns to skip small talk without learning to skip everything.
+    """
+    count = config.sft.num_demonstrations if count is None else count
+    stats = stats if stats is not None else DemoStats()
+    counter = tokenizer_counter(tokenizer)
+    schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
+    writer = RuleWriter(schema, max_completion_tokens=config.rollout.max_completion_length, count_tokens=counter)
+    store_demos: list[Demonstration] = []
+    skip_demos: list[Demonstration] = []
+    results_ok: list[bool] = []
+    for instance in instances:
+        chunks = instance.chunks
+        if config.data.max_chunks_per_instance:
+            chunks = chunks[: config.data.max_chunks_per_instance]
+        _, steps = run_rule_writer(chunks, writer, config.memory, config.retrieval, tokenizer=tokenizer, count_tokens=counter)
+        for step in steps:
+            stats.chunks += 1
+            results_ok.extend(r.ok for r in step.results)
+            demo = Demonstration(
+                step.prompt, step.completion, instance.instance_id, step.chunk_index,
+                counter(step.prompt), counter(step.completion) + 1,  # + the end-of-turn token
+            )
+            if demo.prompt_tokens + demo.completion_tokens > config.sft.max_length:
+                stats.too_long += 1
+                continue
+            (skip_demos if demo.nothing_to_store else store_demos).append(demo)
+    rng = random.Random(seed)
+    n_skip = min(len(skip_demos), round(count * nothing_share))
+    n_store = min(len(store_demos), count - n_skip)
+    n_skip = min(len(skip_demos), count - n_store)  # top up with skips when writes run short
+    chosen = rng.sample(store_demos, n_store) + rng.sample(skip_demos, n_skip)
+    rng.shuffle(chosen)
+    stats.kept = len(chosen)
+    stats.nothing_to_store = n_skip
+    stats.calls_ok = sum(results_ok) / len(results_ok) if results_ok else 0.0
+    return chosen
+
+
+@dataclass
+class SFTResult:
+    """Outcome of run_sft: where the adapter is, the per-step losses and timings."""
+
+    adapter_dir: str
+    steps: int
+    losses: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    seconds_per_step: float = 0.0
+    train_tokens: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _sft_args(sft_cfg: SFTConfig, policy, out_dir: Path, max_steps: int | None, seed: int):
+    from trl import SFTConfig as TRLSFTConfig
+
+    on_cpu = policy.device.type == "cpu"
+    return TRLSFTConfig(
+        output_dir=str(out_dir / "trainer"),
+        per_device_train_batch_size=sft_cfg.batch_size,
+        num_train_epochs=sft_cfg.epochs,
+        max_steps=max_steps if max_steps is not None else -1,
+        learning_rate=sft_cfg.learning_rate,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=1,
+        max_length=sft_cfg.max_length,
+        completion_only_loss=True,  # prompt tokens carry no loss
+        use_cpu=on_cpu,
+        bf16=policy.dtype is torch.bfloat16,
+        gradient_checkpointing=False,  # TRL's default is on; on CPU it only costs time
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        seed=seed,
+        data_seed=seed,
+        dataloader_num_workers=0,
+        dataset_num_proc=None,
+        disable_tqdm=True,
+    )
+
+
+def run_sft(
+    policy,
+    demos: list[Demonstration],
+    out_dir: str | Path,
+    sft_cfg: SFTConfig,
+    *,
+    max_steps: int | None = None,
+    seed: int = 0,
+    on_log: Callable[[dict], None] | None = None,
+) -> SFTResult:
+    """Train the policy's LoRA adapter on the demonstrations with TRL's SFTTrainer and save it.
+
+    The policy is already wrapped with the LoRA config of `ModelConfig` (see load_policy), so the trainer
+    gets the PeftModel itself and updates only the adapter; the adapter (safetensors) is saved to
+    `out_dir` and the policy keeps the trained weights. Loss is on the completion tokens only.
+    """
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import SFTTrainer
+
+    if not demos:
+        raise ValueError("no demonstrations to train on")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dataset = Dataset.from_list([{"prompt": d.prompt, "completion": d.completion} for d in demos])
+    losses: list[float] = []
+
+    class _Record(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                losses.append(float(logs["loss"]))
+            if logs and on_log is not None:
+                on_log({"step": state.global_step, **logs})
+
+    trainer = SFTTrainer(
+        model=policy.model,
+        args=_sft_args(sft_cfg, policy, out_dir, max_steps, seed),
+        train_dataset=dataset,
+        processing_class=policy.tokenizer,
+        callbacks=[_Record()],
+    )
+    start = time.perf_counter()
+    policy.model.train()
+    try:
+        output = trainer.train()
+    finally:
+        policy.model.eval()
+        policy.tokenizer.padding_side = "left"  # generation needs left padding again
+    seconds = time.perf_counter() - start
+    policy.save_adapter(out_dir)
+    steps = int(output.global_step)
+    result = SFTResult(
+        adapter_dir=str(out_dir),
+        steps=steps,
+        losses=losses,
+        seconds=seconds,
+        seconds_per_step=seconds / max(steps, 1),
+        train_tokens=sum(d.prompt_tokens + d.completion_tokens for d in demos),
+    )
+    (out_dir / "sft_result.json").write_text(json.dumps(result.to_dict(), indent=2))
+    return result

@@ -1,0 +1,195 @@
+"""End to end on real servers: a Prefect server (SQLite, temp PREFECT_HOME, free port), a real MLflow
+SQLite store in tmp, and `python -m flows.deployments serve` in a subprocess.
+
+- `grpo/train` is triggered with the CLI on the tiny config while a failure is injected after step 3;
+  the block task's retry must resume from the step-2 checkpoint and MLflow must hold every step once.
+- the `evaluate/nightly` deployment's cron schedule must create scheduled runs on the server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from memalpha.config import load_config
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[1]
+PY = str(REPO / ".venv" / "bin" / "python")
+PREFECT = str(REPO / ".venv" / "bin" / "prefect")
+FAIL_AT = 3
+STEPS = 4
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(check, timeout: float, what: str, proc: subprocess.Popen | None = None, log: Path | None = None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: process exited ({proc.returncode}): {log.read_text()[-3000:] if log else ''}")
+        try:
+            value = check()
+            if value:
+                return value
+        except OSError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"{what} not ready after {timeout}s: {log.read_text()[-3000:] if log else ''}")
+
+
+def start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """Prefect server + runner serving every deployment, against a temp MLflow store. Yields env and paths."""
+    tmp = tmp_path_factory.mktemp("stack")
+    port = free_port()
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp / "prefect"),
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlruns' / 'mlflow.db'}",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "MEMALPHA_FAIL_AT_STEP": str(FAIL_AT),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    (tmp / "mlruns").mkdir()
+    server = start([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, tmp / "server.log")
+    procs = [server]
+    try:
+        wait_until(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2).status == 200,
+                   180, "prefect server", server, tmp / "server.log")
+        since = time.time()
+        runner = start([PY, "-m", "flows.deployments", "serve"], env, tmp / "runner.log")
+        procs.append(runner)
+        ready = subprocess.run([PY, "-m", "flows.deployments", "ready", "--since", str(since), "--wait", "180"],
+                               cwd=REPO, env=env, capture_output=True, text=True)
+        assert ready.returncode == 0, (tmp / "runner.log").read_text()[-3000:]
+        yield {"env": env, "tmp": tmp, "runner_log": tmp / "runner.log"}
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+
+
+def prefect_json(stack, path: str, body: dict) -> list | dict:
+    """POST to the Prefect REST API of the test server."""
+    request = urllib.request.Request(stack["env"]["PREFECT_API_URL"] + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_nightly_schedule_creates_scheduled_runs(stack):
+    deployment = json.loads(urllib.request.urlopen(
+        stack["env"]["PREFECT_API_URL"] + "/deployments/name/evaluate/nightly", timeout=30).read())
+    assert [s["schedule"]["cron"] for s in deployment["schedules"]] == ["0 2 * * *"]
+
+    def scheduled():
+        runs = prefect_json(stack, "/flow_runs/filter", {
+            "deployments": {"id": {"any_": [deployment["id"]]}},
+            "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}})
+        return runs if len(runs) >= 3 else None
+
+    runs = wait_until(scheduled, 90, "scheduled nightly runs")
+    times = sorted(run["expected_start_time"] for run in runs)
+    assert all(re.search(r"T02:00:00", t) for t in times), times
+    assert len(set(t[:10] for t in times)) == len(times)  # one a day
+
+
+def tiny_config(tmp: Path) -> dict:
+    config = load_config(REPO / "configs" / "tiny.yaml", [
+        f"output_dir={tmp / 'runs'}", f"grpo.steps={STEPS}", "grpo.checkpoint_every=2", "grpo.eval_every=2",
+        "tracking.experiment=integration", "tracking.registered_model=integration-policy",
+    ])
+    return config.model_dump(mode="json")
+
+
+def test_train_deployment_resumes_after_injected_failure(stack):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    env, tmp = stack["env"], stack["tmp"]
+    config = tiny_config(tmp)
+    started = time.time()
+    out = subprocess.run([PREFECT, "deployment", "run", "grpo/train", "--param", f"config={json.dumps(config)}",
+                          "--watch", "--watch-interval", "3", "--watch-timeout", "600"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=700)
+    flow_run_id = re.search(r"UUID: *([0-9a-f-]{36})", out.stdout).group(1)
+    runner_log = stack["runner_log"].read_text()
+    assert out.returncode == 0, out.stdout[-2000:] + runner_log[-4000:]
+    print(f"grpo/train took {time.time() - started:.0f} s")
+
+    # Prefect: the block holding step 3 failed once, and both attempts resumed from the step-2 checkpoint
+    logs = prefect_json(stack, "/logs/filter", {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200})
+    messages = [entry["message"] for entry in logs]
+    assert sum(f"injected failure after training step {FAIL_AT}" in m for m in messages) >= 1
+    assert sum("block 3-4: resumed from checkpoint at step 2" in m for m in messages) == 2, messages
+    task_runs = prefect_json(stack, "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
+    blocks = {run["name"]: run for run in task_runs if run["name"].startswith("train-block")}
+    assert sorted(run["run_count"] for run in blocks.values()) == [1, 2]
+    assert all(run["state"]["type"] == "COMPLETED" for run in blocks.values())
+
+    # MLflow: one run tagged with the flow run, every metric at every step exactly once
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("integration")
+    (run,) = client.search_runs([experiment.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["prefect.deployment"] == "train"
+    assert run.data.params["grpo.steps"] == str(STEPS) and "reward.beta" in run.data.params
+    per_step = [k for k in run.data.metrics if not k.startswith("eval/")]
+    assert "pipeline/step_seconds" in per_step and len(per_step) > 3
+    for key in per_step:
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+        assert sorted(steps) == list(range(1, STEPS + 1)), (key, steps)
+    eval_keys = [k for k in run.data.metrics if k.startswith("eval/")]
+    assert eval_keys
+    for key in eval_keys:
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [2, 4], key
+
+    def listed(path):
+        return {a.path for a in client.list_artifacts(run.info.run_id, path)}
+
+    assert listed("rollouts") == {f"rollouts/rollouts-step-{s:06d}.parquet" for s in range(1, STEPS + 1)}
+    assert listed("reward_breakdown") == {f"reward_breakdown/step-{s:06d}.json" for s in range(1, STEPS + 1)}
+    assert {"checkpoints/step-000002", "checkpoints/step-000004"} <= listed("checkpoints")
+    assert "plots/reward.png" in listed("plots")
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    traces = mlflow.search_traces(run_id=run.info.run_id, locations=[experiment.experiment_id], return_type="list")
+    assert sorted(int(t.info.tags["memalpha.step"]) for t in traces) == list(range(1, STEPS + 1))
+
+    # the final adapter is registered as latest and, the first time, champion
+    latest = client.get_model_version_by_alias("integration-policy", "latest")
+    champion = client.get_model_version_by_alias("integration-policy", "champion")
+    assert latest.run_id == run.info.run_id and champion.version == latest.version
