@@ -94,6 +94,7 @@ def write_summary(statuses: dict[str, str], out_dir: Path = RESULTS_DIR) -> Path
     for name in sorted(set(statuses) | {p.stem for p in out_dir.glob("*.json")}):
         path = out_dir / f"{name}.json"
         meta = json.loads(path.read_text()) if path.exists() else {}
+        meta = meta if isinstance(meta, dict) else {}
         load = meta.get("machine", {}).get("load_average_1m_at_end", "")
         status = statuses.get(name, "from an earlier run")
         lines.append(f"| {name} | {status} | {meta.get('finished_at', '')} | {load} | [{name}.md]({name}.md) |")

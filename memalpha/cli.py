@@ -37,7 +37,3 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UserError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -63,9 +63,11 @@ _FACT_CUE = re.compile(
 )
 _CHANGE_CUE = re.compile(
     r"\b(?:from \S+(?: \S+){0,3} to|no longer|no more|anymore|quit|left|switched|replaced|changed|sold|gave up|goodbye|"
-    r"instead|new|now|moved)\b",
+    r"instead|moved)\b",
     re.I,
 )
+_WEAK_CHANGE_CUE = re.compile(r"\b(?:new|now)\b", re.I)
+"""Weaker signs of a change ("my new X", "X now"): need more shared words with the entry they update."""
 _SMALL_TALK = re.compile(
     r"^(?:hi|hey|hello|morning|evening|thanks|thank you|good (?:morning|night|evening)|ok(?:ay)?|sure|great|"
     r"nice|cool|wow|haha|ha|lol|bye|see you|sounds|that'?s|me too|no problem|of course|how are you|i see|oh|"
@@ -91,8 +93,8 @@ class Extraction:
     """`example`, `fact` or `event`."""
     content: str
     speaker: str = ""
-    change: bool = False
-    """The sentence announces a change of something said before (conflict resolution)."""
+    change: int = 0
+    """How strongly the sentence announces a change of something said before: 0 none, 1 weak, 2 strong."""
     score: int = 0
     date: str | None = None
 
@@ -321,7 +323,7 @@ def _statement(sentence: str, utt: _Utterance, speakers: frozenset[str] = frozen
         if not (cue and specific):
             return None  # a real question, not a rhetorical announcement
         text = text.rstrip("?") + "."
-    change = _CHANGE_CUE.search(text) is not None
+    change = 2 if _CHANGE_CUE.search(text) else 1 if _WEAK_CHANGE_CUE.search(text) else 0
     if not cue and not specific and not change:
         return None  # a change-only sentence is kept only if it matches a stored entry (see plan)
     speaker = utt.speaker or ""
@@ -358,9 +360,9 @@ def _content_words(text: str, skip: set[str]) -> set[str]:
 def _same_subject(item: Extraction, targets: dict[str, tuple[str, str]]) -> str | None:
     """The entry a change announcement is about: the one (of the same speaker, if named) sharing the
     most content words with it, newest first on ties; None when none shares any."""
-    skip = {"said", "listener"} | set(item.speaker.lower().split())
+    skip = {"said", "listener"} | {f"{w}{end}" for w in item.speaker.lower().split() for end in ("", "'s")}
     mine = _content_words(item.content, skip)
-    best, best_overlap = None, 0
+    best, best_overlap = None, 1 if item.change == 1 else 0
     for entry_id, (_, content) in reversed(list(targets.items())):
         if item.speaker and item.speaker not in content:
             continue

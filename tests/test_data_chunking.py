@@ -1,6 +1,8 @@
 """Token-based chunking with a real fast tokenizer (built in-process) and the regex counter."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
@@ -82,3 +84,21 @@ def test_text_units_cover_the_text_and_use_the_document_template():
 def test_too_small_limit_is_an_error():
     with pytest.raises(ValueError, match="no room after the template"):
         chunk_turns(_turns(3), regex_token_count, 20)
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(min_value=1, max_value=700), min_size=1, max_size=40),
+       limit=st.sampled_from([128, 256, 512]), breaks=st.sets(st.integers(min_value=0, max_value=39)))
+def test_packing_properties(lengths, limit, breaks):
+    turns = [Turn(" ".join(f"w{i}x{j}" for j in range(n)), speaker="A", date=f"{i // 7} May", turn_id=f"t{i}",
+                  new_chunk=i in breaks) for i, n in enumerate(lengths)]
+    out = chunk_turns(turns, regex_token_count, limit)
+    assert out.token_counts == [regex_token_count(c) for c in out.chunks]
+    assert max(out.token_counts) <= limit
+    for i, turn in enumerate(turns):
+        where = out.turn_chunks[turn.turn_id]
+        assert where == list(range(where[0], where[-1] + 1))  # a split turn occupies consecutive chunks
+        if i and turn.new_chunk:
+            assert where[0] > out.turn_chunks[turns[i - 1].turn_id][-1]
+    words = [w for c in out.chunks for w in c.split() if w.startswith("w") and "x" in w]
+    assert words == [f"w{i}x{j}" for i, n in enumerate(lengths) for j in range(n)]  # nothing lost or reordered

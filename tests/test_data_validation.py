@@ -57,7 +57,7 @@ def test_answer_absent_from_context_drops_the_question(mixed):
 
 def test_empty_chunk_drops_the_instance(mixed):
     _, result = mixed
-    assert _reasons(result, "empty_chunk") == [("expect_column_values_to_be_between", "chunks", None, 1)]
+    assert _reasons(result, "empty_chunk") == [("expect_column_values_to_be_between(tokens)", "chunks", None, 1)]
 
 
 def test_duplicate_instance_id_keeps_the_first(mixed):
@@ -69,7 +69,7 @@ def test_duplicate_instance_id_keeps_the_first(mixed):
 def test_duplicate_question_id_and_text(mixed):
     _, result = mixed
     reasons = _reasons(result, "dupq")
-    assert ("expect_column_values_to_be_unique", "question_id", "q1", None) in reasons
+    assert ("expect_column_values_to_be_unique(question_key)", "question_id", "q1", None) in reasons
     assert ("duplicate_question", "question", "q1", None) in reasons
     dupq = next(i for i in result.valid if i.instance_id == "dupq")
     assert [q.question for q in dupq.questions] == ["Dog's name?"]
@@ -79,8 +79,8 @@ def test_duplicate_question_id_and_text(mixed):
 
 def test_evidence_answer_length_and_types(mixed):
     _, result = mixed
-    assert ("expect_column_values_to_be_in_set", "evidence_chunks", "q0", None) in _reasons(result, "badev")
-    assert ("expect_column_values_to_be_between", "answers", "q0", None) in _reasons(result, "longans")
+    assert ("expect_column_values_to_be_in_set(evidence_in_range)", "evidence_chunks", "q0", None) in _reasons(result, "badev")
+    assert ("expect_column_values_to_be_between(answer_tokens)", "answers", "q0", None) in _reasons(result, "longans")
     weird = {r[1] for r in _reasons(result, "weird")}
     assert {"competency", "question_type"} <= weird
 
@@ -95,7 +95,7 @@ def test_summary_keywords(mixed):
 def test_errors_are_described_with_origins(mixed):
     _, result = mixed
     text = result.describe_errors({"empty_chunk": "in.parquet: row 2"}, limit=50)
-    assert "instance 'empty_chunk' (in.parquet: row 2): chunk 1: field 'chunks': chunk is empty" in text
+    assert "instance 'empty_chunk' (in.parquet: row 2): chunk 1: field 'chunks': empty chunk [expect_column_values_to_be_between(tokens)]" in text
     assert "instance 'absent': question 'q0': field 'answers': no gold answer occurs in the context" in text
 
 
@@ -134,4 +134,4 @@ def test_limits_come_from_data_config():
     result = validate([inst], regex_token_count, limits)
     assert result.valid == []
     assert {(r["check"], r["chunk_index"], r["question_id"]) for r in result.errors} == {
-        ("expect_column_values_to_be_between", 0, None), ("expect_column_values_to_be_between", None, "q1")}
+        ("expect_column_values_to_be_between(tokens)", 0, None), ("expect_column_values_to_be_between(answer_tokens)", None, "q1")}

@@ -16,7 +16,9 @@ and 0 for closed book.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cached_property
@@ -233,6 +235,74 @@ class RuleWriterMethod(Method):
             )
         return built
 
+
+
+class PolicyMethod(Method):
+    """A LoRA policy writes the memory through the rollout machinery (memalpha.rollout), G=1 per
+    instance, batched over `eval.batch_size` instances; greedy unless `eval.temperature` > 0.
+
+    `policy`: the trained adapter; `sft`: the warm-start adapter; `base`: a fresh LoRA (zero update), i.e.
+    the untrained base model. Instances reach the rollout without their questions: the shared reader
+    answers them afterwards, like every other method's.
+    """
+
+    def __init__(self, env: EvalEnv, name: str, adapter: str | Path | None):
+        super().__init__(env)
+        self.name = name
+        self.adapter = adapter
+        self.stochastic = env.config.eval.temperature > 0
+        self._policy = None
+
+    @property
+    def policy(self):
+        if self._policy is None:
+            from memalpha.models.policy import load_policy
+
+            self._policy = load_policy(self.env.config.model, adapter=self.adapter, trainable=False)
+        return self._policy
+
+    def _rollout_config(self) -> RunConfig:
+        cfg = self.env.config
+        rollout = {"temperature": cfg.eval.temperature or cfg.rollout.temperature, "top_p": cfg.eval.top_p}
+        # every chunk is read at evaluation time, whatever the training truncation
+        return cfg.model_copy(update={
+            "rollout": cfg.rollout.model_copy(update=rollout),
+            "data": cfg.data.model_copy(update={"max_chunks_per_instance": 0}),
+        })
+
+    def build(self, instances: list[Instance], seed: int) -> list[Built]:
+        import torch
+
+        from memalpha.rollout import collect_rollouts
+
+        config = self._rollout_config()
+        generator = None if not self.stochastic else torch.Generator().manual_seed(seed)
+        size = self.env.config.eval.batch_size
+        built: list[Built] = []
+        for start in range(0, len(instances), size):
+            batch = instances[start:start + size]
+            unasked = [dataclasses.replace(inst, questions=[]) for inst in batch]
+            began = time.perf_counter()
+            rollouts = collect_rollouts(
+                self.policy, unasked, config, num_generations=1, generator=generator, reader=None,
+                greedy=not self.stochastic,
+            )
+            seconds = (time.perf_counter() - began) / len(batch)
+            for b, (inst, store) in enumerate(zip(batch, rollouts.memories)):
+                results = [res for sample in rollouts.samples if sample.instance_index == b for res in sample.results]
+                index = MemoryIndex(store, self.env.config.retrieval, self.env.embedder)
+                built.append(Built(
+                    contexts=self.env.memory_contexts(store, index, inst),
+                    memory_tokens=store.token_count(),
+                    tool_calls=len(results),
+                    tool_calls_ok=sum(r.ok for r in results),
+                    seconds=seconds,
+                    memory=store.to_dict(),
+                ))
+        return built
+
+    def close(self) -> None:
+        self._policy = None
 
 
 _BASELINE_CLASSES: dict[str, type[Method]] = {

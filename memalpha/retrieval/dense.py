@@ -94,8 +94,9 @@ class DenseRetriever:
         """Embed pending texts in one batch and apply queued removals (done before every search)."""
         if self._pending:
             ids, texts = list(self._pending), list(self._pending.values())
+            vectors = self.embedder.encode(texts)
             self._pending = {}
-            self._put(ids, self.embedder.encode(texts))
+            self._put(ids, vectors)
         if self._stale:
             self.index.remove_ids(np.asarray(self._stale, dtype=np.int64))
             self._stale = []
@@ -110,5 +111,12 @@ class DenseRetriever:
         k = min(k, len(self))
         if k <= 0:
             return []
-        scores, ids = self.index.search(np.ascontiguousarray(vector[None, :], dtype=np.float32), k)
+        # One query vector: OpenMP fan-out costs more than it saves (measured 15 ms vs 0.04 ms at 1K
+        # entries on a busy 2-core machine), so search single-threaded and restore the setting.
+        threads = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(1)
+        try:
+            scores, ids = self.index.search(np.ascontiguousarray(vector[None, :], dtype=np.float32), k)
+        finally:
+            faiss.omp_set_num_threads(threads)
         return [(self._str_of[i], float(s)) for s, i in zip(scores[0].tolist(), ids[0].tolist()) if i >= 0]

@@ -1,0 +1,77 @@
+"""Policy methods (`base`, `policy`, `sft`) through the rollout machinery, with the tiny random model."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from memalpha.cli import UserError
+from memalpha.config import load_config
+from memalpha.evaluation import evaluate, resolve_adapter
+from memalpha.models.policy import load_policy
+
+from test_evaluation_methods import _instances  # the shared hand-written fixture
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_config(overrides=[
+        "model.policy=tiny", "memory.reader_view_tokens=200", "rollout.max_completion_length=12",
+        "rollout.max_prompt_tokens=512", "eval.max_instances=0", "eval.batch_size=2",
+    ])
+
+
+@pytest.fixture(scope="module")
+def adapter(config, tmp_path_factory):
+    # a checkpoint folder as the trainer writes it: <ckpt>/adapter/
+    checkpoint = tmp_path_factory.mktemp("run") / "checkpoints" / "step-000001"
+    load_policy(config.model, trainable=False, seed=3).save_adapter(checkpoint / "adapter")
+    return checkpoint
+
+
+def test_base_and_policy_write_memories_through_rollouts(config, adapter):
+    result = evaluate(config, methods=["base", "policy", "no_memory"], model_uri=resolve_adapter(adapter),
+                      instances=_instances(), progress=None)
+    assert result.methods == ["base", "policy", "no_memory"]
+    rows = result.instances.filter(pl.col("method").is_in(["base", "policy"]))
+    # a random model's output is data: every chunk yields scored tool results (mostly failures), no crash
+    assert rows["tool_calls"].to_list() and all(calls >= 0 for calls in rows["tool_calls"])
+    assert all(0.0 <= c <= 1.0 for c in rows["compression"])
+    assert len(result.memories) == 4 and {m["method"] for m in result.memories} == {"base", "policy"}
+    scores = result.questions.filter(pl.col("method") == "base")["score"]
+    assert scores.len() == 3 and all(0.0 <= s <= 1.0 for s in scores)
+    metrics = result.metrics()
+    assert {"base/score", "policy/score", "policy/memory_tokens", "policy/seconds"} <= set(metrics)
+
+
+def test_greedy_is_deterministic_and_sampling_runs_per_seed(config):
+    greedy = [evaluate(config, methods=["base"], instances=_instances()[:1], progress=None) for _ in range(2)]
+    assert greedy[0].memories == greedy[1].memories
+    sampled_cfg = config.model_copy(update={"eval": config.eval.model_copy(update={"temperature": 1.0})})
+    sampled = evaluate(sampled_cfg, methods=["base", "no_memory"], seeds=[0, 1], instances=_instances()[:1], progress=None)
+    seeds = sampled.instances.group_by("method").agg(pl.col("seed").n_unique()).sort("method")
+    assert dict(zip(seeds["method"], seeds["seed"])) == {"base": 2, "no_memory": 1}
+    assert sampled.summary().filter(pl.col("method") == "base")["seeds"].item() == 2
+
+
+def test_sft_needs_its_adapter(config, adapter):
+    skipped = evaluate(config, methods=["sft"], instances=_instances()[:1], progress=None)
+    assert skipped.methods == [] and "sft" in skipped.info["skipped"]
+    with_sft = config.model_copy(update={"eval": config.eval.model_copy(update={"sft_adapter": str(adapter / "adapter")})})
+    assert evaluate(with_sft, methods=["sft"], instances=_instances()[:1], progress=None).methods == ["sft"]
+
+
+def test_resolve_adapter_layouts(adapter, tmp_path):
+    assert resolve_adapter(adapter / "adapter") == adapter / "adapter"
+    assert resolve_adapter(adapter) == adapter / "adapter"
+    assert resolve_adapter(adapter.parent.parent) == adapter / "adapter"  # run folder: latest checkpoint
+    model = tmp_path / "downloaded"
+    (model / "peft").mkdir(parents=True)
+    (model / "MLmodel").write_text("flavors:\n  transformers:\n    peft_adaptor: peft\n")
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (model / "peft" / name).write_bytes((adapter / "adapter" / name).read_bytes())
+    assert resolve_adapter(model) == model / "peft"
+    with pytest.raises(UserError, match="not an adapter folder"):
+        resolve_adapter(tmp_path)
+    with pytest.raises(UserError, match="no such file"):
+        resolve_adapter(tmp_path / "missing")
