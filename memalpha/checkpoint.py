@@ -33,6 +33,8 @@ class CheckpointState:
     training_hash: str
     data_position: dict[str, int]
     metrics: list[dict[str, float]] = field(default_factory=list)
+    config: dict[str, Any] | None = None
+    """The run config (to name the fields that changed when a resume is refused)."""
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -78,7 +80,7 @@ def save_checkpoint(
     (tmp / STATE_FILE).write_text(
         json.dumps(
             {"step": state.step, "training_hash": state.training_hash,
-             "data_position": state.data_position, "metrics": state.metrics},
+             "data_position": state.data_position, "metrics": state.metrics, "config": state.config},
             indent=1,
         )
     )
@@ -102,7 +104,7 @@ def read_state(path: Path) -> CheckpointState:
     data = json.loads((Path(path) / STATE_FILE).read_text())
     return CheckpointState(
         step=int(data["step"]), training_hash=data["training_hash"],
-        data_position=data["data_position"], metrics=data.get("metrics", []),
+        data_position=data["data_position"], metrics=data.get("metrics", []), config=data.get("config"),
     )
 
 

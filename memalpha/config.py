@@ -158,6 +158,11 @@ class SFTConfig(_Section):
     learning_rate: float = Field(3e-4, gt=0)
     batch_size: int = Field(8, ge=1)
     max_length: int = Field(1024, ge=64)
+    """Longest prompt + completion in tokens; longer demonstrations are dropped, not truncated."""
+    max_steps: int = Field(0, ge=0)
+    """Stop after this many optimizer steps (0 = run the full epochs)."""
+    nothing_to_store_share: float = Field(0.25, ge=0, le=1)
+    """Share of NOTHING_TO_STORE demonstrations (small-talk chunks) in the sample."""
 
 
 class EvalConfig(_Section):

@@ -34,6 +34,18 @@ QUESTION_TYPE_METRIC = {
 """Metric `score_answer` uses for each question type when the metric is `auto`."""
 
 
+def metric_for_question_type(question_type: str) -> str:
+    """The `auto` metric of a question type; finer types (single_hop, summary, ...) use their competency's."""
+    if question_type not in QUESTION_TYPE_METRIC:
+        # Imported here: memalpha.data imports this module for answer normalisation.
+        from memalpha.data.schema import QUESTION_TYPES
+
+        question_type = QUESTION_TYPES.get(question_type, question_type)
+    if question_type not in QUESTION_TYPE_METRIC:
+        raise ValueError(f"question_type {question_type!r} has no default metric (known: {', '.join(QUESTION_TYPE_METRIC)})")
+    return QUESTION_TYPE_METRIC[question_type]
+
+
 class AnswerJudge(Protocol):
     """An LLM (or other) judge: a score in [0, 1] for a prediction against the gold answers."""
 
@@ -159,11 +171,7 @@ def score_answer(
     superseded, a prediction that states any superseded value scores 0, even if it also states the new one.
     """
     if metric == "auto":
-        if question_type not in QUESTION_TYPE_METRIC:
-            raise ValueError(
-                f"question_type {question_type!r} has no default metric (known: {', '.join(QUESTION_TYPE_METRIC)})"
-            )
-        metric = QUESTION_TYPE_METRIC[question_type]
+        metric = metric_for_question_type(question_type)
     answer_list = [answers] if isinstance(answers, (str, int, float)) else list(answers)
     if superseded and _states_superseded(prediction, answer_list, superseded):
         return 0.0

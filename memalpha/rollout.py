@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from memalpha.config import RunConfig
-from memalpha.data.schema import Instance
+from memalpha.data.schema import QUESTION_TYPES, Instance
 from memalpha.generation import generate
 from memalpha.memory.schema import get_schema
 from memalpha.memory.store import MemoryStore
 from memalpha.memory.views import reader_view
-from memalpha.metrics import score_answer
+from memalpha.metrics import QUESTION_TYPE_METRIC, score_answer
 from memalpha.models.readers import ReaderItem
 from memalpha.parsing import ParseResult
 from memalpha.prompts import render_writer_prompt
@@ -80,8 +80,13 @@ class RolloutBatch:
     trace: dict = field(default_factory=dict)
 
 
-def _instance_chunks(instance: Instance, max_chunks: int) -> list[str]:
-    return instance.chunks[:max_chunks] if max_chunks else list(instance.chunks)
+def truncate_instance(instance: Instance, max_chunks: int) -> Instance:
+    """The first `max_chunks` chunks (0: all), keeping only questions answerable from them (questions
+    without known evidence are kept)."""
+    if not max_chunks or len(instance.chunks) <= max_chunks:
+        return instance
+    questions = [q for q in instance.questions if q.evidence_chunks is None or any(c < max_chunks for c in q.evidence_chunks)]
+    return replace(instance, chunks=instance.chunks[:max_chunks], questions=questions)
 
 
 def collect_rollouts(
@@ -104,7 +109,8 @@ def collect_rollouts(
     schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
     tokenizer = policy.tokenizer
     eos_ids = [tokenizer.eos_token_id] + ([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else [])
-    chunks = [_instance_chunks(inst, config.data.max_chunks_per_instance) for inst in instances]
+    instances = [truncate_instance(inst, config.data.max_chunks_per_instance) for inst in instances]
+    chunks = [inst.chunks for inst in instances]
     G = num_generations
     owners = [b for b in range(len(instances)) for _ in range(G)]
     stores = [MemoryStore(schema, policy.count_tokens) for _ in owners]
@@ -165,7 +171,7 @@ def _score(batch, per_rollout, owners, indexes, chunks, config: RunConfig, reade
     batch.answers = [[] for _ in owners]
     for item, prediction, r in zip(items, predictions, where):
         q = item.question
-        score = score_answer(prediction, q.answers, q.question_type, q.superseded_answers,
+        score = score_answer(prediction, q.answers, _metric_type(q.question_type), q.superseded_answers,
                              metric=config.reward.qa_metric, question=q.question)
         batch.answers[r].append({"question": q.question, "prediction": prediction, "answers": q.answers, "score": score})
     batch.qa_scores = [sum(a["score"] for a in answers) / len(answers) if answers else 0.0 for answers in batch.answers]
@@ -182,6 +188,12 @@ def _score(batch, per_rollout, owners, indexes, chunks, config: RunConfig, reade
         )
         for sample, reward in zip(samples, rewards):
             sample.reward = reward
+
+
+def _metric_type(question_type: str) -> str:
+    """The question type score_answer knows: fine-grained types (single_hop, ...) fall back to their
+    competency (metrics.QUESTION_TYPE_METRIC lists competencies; data.QUESTION_TYPES maps types to them)."""
+    return question_type if question_type in QUESTION_TYPE_METRIC else QUESTION_TYPES.get(question_type, question_type)
 
 
 def rollout_trace(batch: RolloutBatch, samples: list[Sample], r: int) -> dict:

@@ -61,7 +61,7 @@ def build_demonstrations(
     tokenizer,
     *,
     count: int | None = None,
-    nothing_share: float = 0.25,
+    nothing_share: float | None = None,
     seed: int = 0,
     stats: DemoStats | None = None,
 ) -> list[Demonstration]:
@@ -69,10 +69,12 @@ def build_demonstrations(
 
     Completions are cut to `rollout.max_completion_length` tokens (what a rollout may generate), pairs
     longer than `sft.max_length` are dropped (truncation would cut the completion), and a sample of
-    `count` (default `sft.num_demonstrations`) is drawn with `nothing_share` of NOTHING_TO_STORE chunks
+    `count` (default `sft.num_demonstrations`) is drawn with `nothing_share` (default
+    `sft.nothing_to_store_share`) of NOTHING_TO_STORE chunks
     (when there are enough), so the model learns to skip small talk without learning to skip everything.
     """
     count = config.sft.num_demonstrations if count is None else count
+    nothing_share = config.sft.nothing_to_store_share if nothing_share is None else nothing_share
     stats = stats if stats is not None else DemoStats()
     counter = tokenizer_counter(tokenizer)
     schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
@@ -131,7 +133,7 @@ def _sft_args(sft_cfg: SFTConfig, policy, out_dir: Path, max_steps: int | None, 
         output_dir=str(out_dir / "trainer"),
         per_device_train_batch_size=sft_cfg.batch_size,
         num_train_epochs=sft_cfg.epochs,
-        max_steps=max_steps if max_steps is not None else -1,
+        max_steps=max_steps or sft_cfg.max_steps or -1,
         learning_rate=sft_cfg.learning_rate,
         lr_scheduler_type="constant_with_warmup",
         warmup_steps=1,
@@ -162,6 +164,8 @@ def run_sft(
     on_log: Callable[[dict], None] | None = None,
 ) -> SFTResult:
     """Train the policy's LoRA adapter on the demonstrations with TRL's SFTTrainer and save it.
+
+    `max_steps` (else `sft_cfg.max_steps`, else the full `sft_cfg.epochs`) bounds the optimizer steps.
 
     The policy is already wrapped with the LoRA config of `ModelConfig` (see load_policy), so the trainer
     gets the PeftModel itself and updates only the adapter; the adapter (safetensors) is saved to

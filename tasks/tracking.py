@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import matplotlib
 
@@ -192,10 +192,10 @@ def _plot(series: dict[str, list[tuple[int, float]]], title: str, ylabel: str) -
 
 PLOT_GROUPS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     # file name: (title, y label, metric-key prefixes or exact keys)
-    "reward.png": ("Reward and its components", "reward", ("reward/",)),
+    "reward.png": ("Reward and its components", "reward", ("reward", "rewards/")),
     "memory.png": ("Memory size", "tokens / entries", ("memory/",)),
-    "tool_calls.png": ("Tool-call outcomes", "share of calls", ("tools/",)),
-    "validation.png": ("Validation", "score", ("eval/",)),
+    "tool_calls.png": ("Tool-call outcomes", "per chunk / share", ("tool_calls/",)),
+    "validation.png": ("Validation", "score", ("eval/qa_score", "eval/reward", "eval/r", "eval/tool_success")),
 }
 
 
@@ -214,13 +214,8 @@ def log_training_plots(run_id: str) -> list[str]:
     return logged
 
 
-def reward_key(metric_keys: Iterable[str]) -> str | None:
-    """The headline reward metric among the run's keys."""
-    keys = set(metric_keys)
-    for candidate in ("reward/total", "reward/mean", "reward"):
-        if candidate in keys:
-            return candidate
-    return None
+REWARD_KEY = "reward"
+"""The trainer's mean total reward per step (TRL's name)."""
 
 
 def summarize(run_id: str) -> str:
@@ -231,9 +226,8 @@ def summarize(run_id: str) -> str:
     steps = sorted(logged_steps(run_id))
     lines = [f"MLflow run:  {run_url(run_id)}", f"status:      {run.info.status}",
              f"steps:       {len(steps)} logged" + (f" ({steps[0]}..{steps[-1]})" if steps else "")]
-    key = reward_key(run.data.metrics)
-    if key:
-        series = metric_series(run_id, key)
+    if REWARD_KEY in run.data.metrics:
+        key, series = REWARD_KEY, metric_series(run_id, REWARD_KEY)
         lines.append(f"{key}: start {series[0][1]:.4f} (step {series[0][0]}) -> end {series[-1][1]:.4f} (step {series[-1][0]})")
     for label, tag in (("checkpoint:", "memalpha.last_checkpoint"), ("best:", "memalpha.best_checkpoint"),
                        ("model:", "memalpha.registered_model")):

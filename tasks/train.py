@@ -8,6 +8,7 @@ steps MLflow already has, so no step is logged twice or lost whatever fails wher
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import time
@@ -28,6 +29,7 @@ RUN_ID_FILE = "mlflow_run_id"
 BEST_FILE = "best.json"
 STAGING = "staging"
 TEXT_COLUMNS = ("prompt", "completion", "parsed_calls", "results", "memory")
+MODEL_REQUIREMENTS = ("torch", "transformers", "peft", "tokenizers", "safetensors")
 
 
 class InjectedFailure(RuntimeError):
@@ -115,7 +117,7 @@ def _bounded_samples(samples: pl.DataFrame, keep: int) -> pl.DataFrame:
 
 def _reward_table(samples: pl.DataFrame) -> pl.DataFrame:
     """The per-(instance, rollout, chunk) reward breakdown: identifiers and every numeric column."""
-    ids = [c for c in ("instance", "rollout", "chunk") if c in samples.columns]
+    ids = [c for c in ("instance", "instance_id", "rollout", "chunk") if c in samples.columns]
     numeric = [c for c, dtype in samples.schema.items() if dtype.is_numeric() and c not in ids]
     return samples.select(ids + numeric)
 
@@ -147,8 +149,8 @@ def _log_trace(run_id: str, trace: Any, step: int) -> None:
     mlflow.flush_trace_async_logging()
 
 
-def _update_best(run_dir: Path, run_id: str, step: int, metrics: dict[str, float], key: str | None) -> None:
-    if key is None or key not in metrics:
+def _update_best(run_dir: Path, run_id: str, step: int, metrics: dict[str, float], key: str) -> None:
+    if key not in metrics:
         return
     best_file = run_dir / BEST_FILE
     best = json.loads(best_file.read_text()) if best_file.exists() else None
@@ -160,12 +162,8 @@ def _update_best(run_dir: Path, run_id: str, step: int, metrics: dict[str, float
                                    "memalpha.best_step": step})
 
 
-def validation_key(metrics: dict[str, float]) -> str | None:
-    """The validation score the best checkpoint and the champion are chosen by."""
-    for key in ("eval/score", "eval/qa_score", "eval/reward", "eval/r1"):
-        if key in metrics:
-            return key
-    return next((k for k in sorted(metrics) if k.startswith("eval/")), None)
+VALIDATION_KEY = "eval/qa_score"
+"""The validation score the best checkpoint and the champion are chosen by (the QA score, r1's metric)."""
 
 
 def publish_block(config: RunConfig, run_dir: Path, run_id: str, first: int, last: int, checkpoint: Path) -> int:
@@ -193,7 +191,7 @@ def publish_block(config: RunConfig, run_dir: Path, run_id: str, first: int, las
             _log_trace(run_id, json.loads((folder / "trace.json").read_text()), step)
         # metrics last: once the sentinel is in, the step counts as published
         tracking.log_step_metrics(run_id, step, record["metrics"], record["time_ms"])
-        _update_best(run_dir, run_id, step, record["metrics"], validation_key(record["metrics"]))
+        _update_best(run_dir, run_id, step, record["metrics"], VALIDATION_KEY)
         published += 1
     client.log_artifacts(run_id, str(checkpoint), f"checkpoints/{checkpoint.name}")
     tracking.set_tags(run_id, {"memalpha.last_checkpoint": str(checkpoint)})
@@ -202,13 +200,24 @@ def publish_block(config: RunConfig, run_dir: Path, run_id: str, first: int, las
 
 @task(name="warm-start", cache_policy=NO_CACHE, retries=1)
 def warm_start(config: RunConfig, run_dir: str, run_id: str) -> str | None:
-    """SFT warm start (rule-writer demonstrations + LoRA) when configured; returns the adapter folder."""
-    from memalpha.sft import run_sft
+    """SFT warm start (rule-writer demonstrations + LoRA) when configured; returns the adapter folder.
+
+    Building the Trainer runs the warm start into <run_dir>/sft (or loads it when already there), so the
+    first GRPO block starts from it.
+    """
+    from memalpha.trainer import SFT_DIR, Trainer
 
     if not config.sft.enabled:
         return None
-    result = run_sft(config, Path(run_dir))
-    return str(result)
+    started = time.perf_counter()
+    Trainer(config, Path(run_dir))
+    adapter = Path(run_dir) / SFT_DIR
+    client = tracking.configure()
+    if not tracking.artifact_exists(run_id, "sft"):
+        client.log_artifacts(run_id, str(adapter), "sft")
+        client.log_metric(run_id, "sft/seconds", time.perf_counter() - started, step=0)
+    tracking.set_tags(run_id, {"memalpha.sft_adapter": str(adapter)})
+    return str(adapter)
 
 
 @task(name="train-block", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
@@ -285,6 +294,8 @@ def register_model(config: RunConfig, run_dir: str, run_id: str, checkpoint: str
             task="text-generation",
             base_model_path=base,
             registered_model_name=name,
+            # explicit: the flavour's defaults name torchvision, which has no CPU build here
+            pip_requirements=[f"{pkg}=={importlib.metadata.version(pkg)}" for pkg in MODEL_REQUIREMENTS],
         )
     outcome: dict[str, Any] = {"model_uri": info.model_uri, "base_model_path": base}
     outcome["plots"] = tracking.log_training_plots(run_id)
@@ -293,8 +304,8 @@ def register_model(config: RunConfig, run_dir: str, run_id: str, checkpoint: str
     version = str(info.registered_model_version)
     run = client.get_run(run_id)
     final_metrics = run.data.metrics
-    key = validation_key(final_metrics)
-    score = final_metrics.get(key) if key else None
+    key = VALIDATION_KEY
+    score = final_metrics.get(key)
     client.set_model_version_tag(name, version, "run_id", run_id)
     if score is not None:
         client.set_model_version_tag(name, version, "validation_metric", key)

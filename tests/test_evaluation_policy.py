@@ -16,7 +16,7 @@ from test_evaluation_methods import _instances  # the shared hand-written fixtur
 @pytest.fixture(scope="module")
 def config():
     return load_config(overrides=[
-        "model.policy=tiny", "memory.reader_view_tokens=200", "rollout.max_completion_length=12",
+        "model.policy=tiny", "memory.reader_view_tokens=200", "rollout.max_completion_length=8",
         "rollout.max_prompt_tokens=512", "eval.max_instances=0", "eval.batch_size=2",
     ])
 

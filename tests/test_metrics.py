@@ -109,3 +109,11 @@ def test_llm_judge_hook_is_called_and_clipped():
     assert seen == [("q?", "yes", ["3"])]
     with pytest.raises(ValueError, match="judge"):
         score_answer("yes", ["yes"], "accurate_retrieval", metric="llm_judge")
+
+
+def test_finer_question_types_use_their_competency_metric():
+    from memalpha.metrics import score_answer
+
+    assert score_answer("She lives in Paris.", ["Paris"], "single_hop") == 1.0
+    assert score_answer(r"\boxed{3}", ["3"], "classification") == 1.0
+    assert score_answer("red and blue", ["red", "blue", "green", "teal"], "summary") == 0.5

@@ -38,13 +38,13 @@ def _samples(step: int) -> pl.DataFrame:
 
 
 def _result(step: int, with_eval: bool = False) -> SimpleNamespace:
-    metrics = {"reward/total": 1.0 + step / 10, "reward/r1": 0.5, "memory/tokens": 10.0 * step, "tools/ok_rate": 0.5,
+    metrics = {"reward": 1.0 + step / 10, "rewards/r1/mean": 0.5, "memory/tokens": 10.0 * step, "tool_calls/success_rate": 0.5,
                "bad": float("nan")}
     trace = {"name": "rollout", "inputs": {"instance": "i0"}, "children": [
         {"name": "chunk-0", "children": [{"name": "generation", "span_type": "LLM", "outputs": {"text": "x"}},
                                          {"name": "memory_insert", "span_type": "TOOL", "outputs": {"ok": True}}]}]}
     return SimpleNamespace(step=step, metrics=metrics, samples=_samples(step), memories=[{"core": f"m{step}"}] * 6,
-                           trace=trace, eval={"eval/score": 0.1 * step} if with_eval else {})
+                           trace=trace, eval={"eval/qa_score": 0.1 * step} if with_eval else {})
 
 
 def test_tracking_uri_defaults_to_repo_sqlite_by_absolute_path(monkeypatch):
@@ -106,9 +106,9 @@ def test_publish_logs_each_step_once_even_when_repeated(store, tmp_path):
     assert publish_block(config, run_dir, run_id, 1, 2, checkpoint) == 0
 
     client = tracking.configure()
-    for key in ("reward/total", "memory/tokens", tracking.STEP_SENTINEL):
+    for key in ("reward", "memory/tokens", tracking.STEP_SENTINEL):
         assert sorted(m.step for m in client.get_metric_history(run_id, key)) == [1, 2]
-    assert [m.step for m in client.get_metric_history(run_id, "eval/score")] == [2]
+    assert [m.step for m in client.get_metric_history(run_id, "eval/qa_score")] == [2]
     assert client.get_metric_history(run_id, "bad") == []  # NaN is not logged
     names = {a.path for a in client.list_artifacts(run_id, "rollouts")}
     assert names == {"rollouts/rollouts-step-000001.parquet", "rollouts/rollouts-step-000002.parquet"}
@@ -130,12 +130,12 @@ def test_publish_logs_each_step_once_even_when_repeated(store, tmp_path):
 def test_plots_and_summary(store):
     run_id = tracking.create_run("exp", "run", {}, {})
     for step in (1, 2, 3):
-        tracking.log_step_metrics(run_id, step, {"reward/total": 0.1 * step, "reward/r2": 1.0, "memory/tokens": 5.0 * step,
-                                                 "tools/failed_share": 0.1, tracking.STEP_SENTINEL: 1.0}, tracking.now_ms())
+        tracking.log_step_metrics(run_id, step, {"reward": 0.1 * step, "rewards/r2/mean": 1.0, "memory/tokens": 5.0 * step,
+                                                 "tool_calls/success_rate": 0.1, tracking.STEP_SENTINEL: 1.0}, tracking.now_ms())
     assert tracking.log_training_plots(run_id) == ["plots/reward.png", "plots/memory.png", "plots/tool_calls.png"]
     summary = tracking.summarize(run_id)
     assert "3 logged (1..3)" in summary
-    assert "reward/total: start 0.1000 (step 1) -> end 0.3000 (step 3)" in summary
+    assert "reward: start 0.1000 (step 1) -> end 0.3000 (step 3)" in summary
 
 
 def test_failure_injection_fires_once(tmp_path, monkeypatch):

@@ -72,7 +72,7 @@ def test_writer_view_budget_bounds_the_prompt(tokenizer):
     for i in range(200):
         store.insert("semantic", f"Fact number {i} about the garden and the harbour.", 0)
     small = render_writer_prompt(tokenizer, store, "x", MemoryConfig(writer_view_tokens=128))
-    large = render_writer_prompt(tokenizer, store, "x", MemoryConfig(writer_view_tokens=1024))
+    large = render_writer_prompt(tokenizer, store, "x", MemoryConfig(writer_view_tokens=1024, writer_newest_entries=50))
     system = count(writer_system_prompt(MEMALPHA_SCHEMA))
     assert count(small) <= system + 128 + 40
     assert count(small) < count(large)
@@ -89,5 +89,6 @@ def test_reader_prompt_asks_for_box_only_for_labels(tokenizer):
 
 def test_judge_prompt_names_type_and_content():
     (system, user) = judge_messages("episodic", "Events with their time.", "Maya ran a race.", "chunk text")
-    assert "VALID" in system and "INVALID" in system
-    assert "episodic (Events with their time.)" in user and "Maya ran a race." in user and "chunk text" in user
+    assert "VALID" in system["content"] and "INVALID" in system["content"]
+    text = user["content"]
+    assert "episodic (Events with their time.)" in text and "Maya ran a race." in text and "chunk text" in text

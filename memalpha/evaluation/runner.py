@@ -43,11 +43,15 @@ def load_instances(config: RunConfig, data_dir: str | Path | None = None) -> lis
 def policy_tokenizer(config: RunConfig) -> tuple[Any, str]:
     """The policy's tokenizer, which measures every memory size, budget and input length here, or the
     regex counter when the tokenizer is not available; returns (tokenizer or counter, description)."""
-    from memalpha.models.loading import TINY_POLICY, ModelNotPreparedError, build_tiny, load_tokenizer, resolve_model_path
+    from memalpha.models.loading import (
+        TINY_POLICY, ModelNotPreparedError, build_tiny, default_model_dir, is_prepared, load_tokenizer, resolve_model_path,
+    )
 
     try:
         if config.model.policy == TINY_POLICY:
-            return build_tiny()[1], "tiny policy tokenizer"
+            # the tiny model uses the default policy's tokenizer when it is prepared (no need to build the model)
+            tokenizer = load_tokenizer(str(default_model_dir())) if is_prepared() else build_tiny()[1]
+            return tokenizer, "tiny policy tokenizer"
         return load_tokenizer(resolve_model_path(config.model.policy)), f"{config.model.policy} tokenizer"
     except (ModelNotPreparedError, OSError) as exc:
         log.warning("no tokenizer for %s (%s); counting tokens with the regex fallback", config.model.policy, exc)

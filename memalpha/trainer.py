@@ -1,0 +1,445 @@
+"""The GRPO training loop: data order, rollouts, the update, metrics, checkpoints and exact resume.
+
+One step: take the next B training instances (seeded shuffle per epoch), run G rollouts of each
+(memalpha.rollout), normalise rewards into advantages within groups, and update the LoRA adapter with
+the clipped surrogate (memalpha.grpo) over micro-batches with gradient accumulation.
+
+Importance-ratio denominator: the first inner epoch's forward pass of each micro-batch, detached. The
+policy has not changed yet at that point (gradients accumulate, the optimizer steps after the last
+micro-batch), so these are exactly the sampling policy's log-probs in the training layout, and no extra
+forward pass is needed. The sampler's own log-probs (bf16, KV cache, other padding) are kept only to
+report how far they are from the training computation (`sampling/logp_abs_diff`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import polars as pl
+import torch
+
+from memalpha.checkpoint import CheckpointState, latest_checkpoint, load_checkpoint, read_state, save_checkpoint
+from memalpha.cli import UserError
+from memalpha.config import RunConfig
+from memalpha.data.schema import Instance
+from memalpha.generation import left_pad
+from memalpha.grpo import completion_logps, compute_advantages, group_ids, group_std, grpo_loss
+from memalpha.rollout import RolloutBatch, Sample, collect_rollouts
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+SFT_DIR = "sft"
+TOOL_NAMES = ("memory_insert", "memory_update", "memory_delete")
+
+
+@dataclass
+class StepResult:
+    """What one GRPO step produced (see docs/ARCHITECTURE.md, "Trainer API")."""
+
+    step: int
+    metrics: dict[str, float]
+    samples: pl.DataFrame
+    """One row per (instance, rollout, chunk)."""
+    memories: list[dict] = field(default_factory=list)
+    """Final memory (and the reader's answers) of every rollout."""
+    trace: dict = field(default_factory=dict)
+    """Span tree of one rollout (see memalpha.rollout.rollout_trace)."""
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load_training_data(config: RunConfig, tokenizer=None) -> dict[str, list[Instance]]:
+    """Instances of config.data.train_path by split, restricted to config.data.competencies.
+
+    A missing dataset folder is generated first with the seeded synthetic `train` preset (so training
+    works on a fresh machine).
+    """
+    from memalpha.data.io import read_dataset
+
+    path = Path(config.data.train_path)
+    if not path.exists():
+        from memalpha.data.prep import synthesize
+        from memalpha.data.synth import PRESETS
+
+        log.info("dataset %s not found: generating the synthetic training set", path)
+        synth = replace(PRESETS["train"], competencies=tuple(config.data.competencies), seed=config.data.split_seed)
+        synthesize(path, synth, tokenizer=tokenizer or _regex_tokenizer(), data_cfg=config.data,
+                   tokenizer_name=getattr(tokenizer, "name_or_path", "regex"))
+    wanted = set(config.data.competencies)
+    splits: dict[str, list[Instance]] = {"train": [], "validation": [], "test": []}
+    for instance in read_dataset(path):
+        if instance.competency in wanted:
+            splits.setdefault(instance.split, []).append(instance)
+    if not splits["train"]:
+        raise UserError(f"{path}: no training instances with competency in {sorted(wanted)}")
+    return splits
+
+
+def _regex_tokenizer():
+    from memalpha.tokens import regex_token_count
+
+    return regex_token_count
+
+
+def warm_start(config: RunConfig, run_dir: Path, policy, instances: list[Instance]) -> Path:
+    """SFT warm start into run_dir/sft (rule-writer demonstrations + TRL SFTTrainer); the policy ends
+    with the warm-start adapter. An existing adapter there is loaded instead of retraining."""
+    from memalpha.sft import build_demonstrations, run_sft
+
+    out = Path(run_dir) / SFT_DIR
+    if (out / "adapter_model.safetensors").is_file():
+        policy.load_adapter(out)
+        return out
+    demos = build_demonstrations(instances, config, policy.tokenizer, seed=config.grpo.seed)
+    tmp = out.with_name(f".{SFT_DIR}-tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    result = run_sft(policy, demos, tmp, config.sft, seed=config.grpo.seed)
+    tmp.rename(out)
+    log.info("warm start: %d SFT steps in %.0f s", result.steps, result.seconds)
+    return out
+
+
+class Trainer:
+    """GRPO over LoRA adapters with checkpoints and exact resume (see the module docstring)."""
+
+    def __init__(self, config: RunConfig, run_dir: str | Path, force: bool = False):
+        from memalpha.models.judges import make_judge
+        from memalpha.models.policy import load_policy
+        from memalpha.models.readers import make_reader
+
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.force = force
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        cfg = config.grpo
+        self.policy = load_policy(config.model, seed=cfg.seed)
+        self.data = load_training_data(config, self.policy.tokenizer)
+        if config.sft.enabled:
+            done = (self.run_dir / SFT_DIR / "adapter_model.safetensors").is_file()
+            if done or latest_checkpoint(self.run_dir) is None:  # a checkpoint holds the newer adapter anyway
+                self.warm_start_dir = warm_start(config, self.run_dir, self.policy, self.data["train"])
+        self.reader = make_reader(config.model, self.policy)
+        self.judge = make_judge(config.model, self.policy) if config.reward.judge == "llm" else None
+        seed_everything(cfg.seed)  # identical state whether the warm start ran now or was loaded
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.params = self.policy.trainable_parameters()
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        warmup = cfg.warmup_steps
+        # lr factor (s+1)/(warmup+1) during warmup, so the first step already learns; then constant
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
+        self.step = 0
+        self.epoch = 0
+        self.position = 0
+        self.history: list[dict[str, float]] = []
+
+    # ---- data order ------------------------------------------------------------------------------
+    def _epoch_order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.data["train"])))
+        random.Random(self.config.grpo.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def _next_instances(self) -> list[Instance]:
+        picked = []
+        for _ in range(self.config.rollout.instances_per_step):
+            order = self._epoch_order(self.epoch)
+            picked.append(self.data["train"][order[self.position]])
+            self.position += 1
+            if self.position == len(order):
+                self.epoch, self.position = self.epoch + 1, 0
+        return picked
+
+    # ---- one step --------------------------------------------------------------------------------
+    def train_step(self) -> StepResult:
+        """One GRPO step: rollouts, advantages, update; appends the metrics to run_dir/metrics.jsonl."""
+        cfg = self.config.grpo
+        started = time.perf_counter()
+        instances = self._next_instances()
+        batch = collect_rollouts(
+            self.policy, instances, self.config, num_generations=self.config.rollout.num_generations,
+            generator=self.generator, reader=self.reader, judge=self.judge,
+        )
+        samples = batch.samples
+        rewards = torch.tensor([s.reward.total for s in samples])
+        groups = group_ids([s.instance_index for s in samples], [s.chunk for s in samples], cfg.advantage_grouping)
+        advantages, zero_std = compute_advantages(rewards, groups, cfg.scale_rewards)
+        for sample, adv in zip(samples, advantages.tolist()):
+            sample.advantage = adv
+        learning_rate = self.optimizer.param_groups[0]["lr"]
+        update_start = time.perf_counter()
+        update = self._update(samples, advantages)
+        self.scheduler.step()
+        update_s = time.perf_counter() - update_start
+        self.step += 1
+        metrics = self._metrics(batch, rewards, groups, zero_std, update)
+        metrics.update({
+            "learning_rate": learning_rate,
+            "timing/generate_s": batch.generate_s, "timing/reward_s": batch.reward_s, "timing/update_s": update_s,
+            "timing/step_s": time.perf_counter() - started,
+            "throughput/generated_tokens_per_s": batch.generated_tokens / max(batch.generate_s, 1e-9),
+            "data/epoch": float(self.epoch),
+        })
+        self.history.append({"step": self.step, **metrics})
+        with open(self.run_dir / METRICS_FILE, "a") as fh:
+            fh.write(json.dumps({"step": self.step, **metrics}) + "\n")
+        return StepResult(self.step, metrics, samples_frame(samples), rollout_memories(batch), batch.trace)
+
+    def _collate(self, chosen: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """[left-padded prompt | right-padded completion] rows, attention mask, completion mask, width."""
+        pad = self.policy.tokenizer.pad_token_id
+        prompt_ids, prompt_mask = left_pad([s.prompt_ids for s in chosen], pad)
+        width = max(len(s.completion_ids) for s in chosen)
+        comp = torch.full((len(chosen), width), pad, dtype=torch.long)
+        comp_mask = torch.zeros((len(chosen), width), dtype=torch.long)
+        for i, s in enumerate(chosen):
+            comp[i, : len(s.completion_ids)] = torch.tensor(s.completion_ids)
+            comp_mask[i, : len(s.completion_ids)] = 1
+        device = self.policy.device
+        ids = torch.cat([prompt_ids, comp], 1).to(device)
+        attn = torch.cat([prompt_mask, comp_mask], 1).to(device)
+        return ids, attn, comp_mask.to(device), width
+
+    def _update(self, samples: list[Sample], advantages: torch.Tensor) -> dict[str, float]:
+        """num_iterations passes of gradient accumulation over micro-batches, each ending in one
+        AdamW step after gradient clipping. Returns token-weighted statistics."""
+        cfg = self.config.grpo
+        model = self.policy.model
+        n_seq = len(samples)
+        n_tok = sum(len(s.completion_ids) for s in samples)
+        # Zero-advantage samples add nothing to these losses or their gradients when there is no KL term
+        # (the normalisers below count them anyway), so their forward/backward passes are skipped.
+        skippable = cfg.kl_beta == 0 and cfg.loss_type in ("grpo", "dr_grpo", "dapo")
+        keep = [i for i in range(n_seq) if not (skippable and advantages[i] == 0)]
+        keep.sort(key=lambda i: (len(samples[i].prompt_ids) + len(samples[i].completion_ids), i))  # less padding
+        micro = [keep[j : j + cfg.micro_batch_size] for j in range(0, len(keep), cfg.micro_batch_size)]
+        stats = {"loss": 0.0, "tokens": 0.0, "low": 0.0, "high": 0.0, "kl": 0.0, "entropy": 0.0,
+                 "grad_norm": 0.0, "logp_diff": 0.0, "first_tokens": 0.0}
+        if not micro:
+            return {**stats, "skipped": float(n_seq - len(keep))}
+        old: list[torch.Tensor] = []
+        ref: list[torch.Tensor | None] = []
+        model.train()
+        try:
+            for iteration in range(cfg.num_iterations):
+                self.optimizer.zero_grad(set_to_none=True)
+                for k, chosen in enumerate(micro):
+                    rows = [samples[i] for i in chosen]
+                    ids, attn, mask, width = self._collate(rows)
+                    first = iteration == 0
+                    logps, entropy = completion_logps(model, ids, attn, width, self.config.rollout.temperature, with_entropy=first)
+                    if first:
+                        old.append(logps.detach())
+                        ref.append(self._ref_logps(ids, attn, width) if cfg.kl_beta else None)
+                        stats["entropy"] += float((entropy * mask).sum())
+                        stats["logp_diff"] += _sampling_gap(rows, logps.detach())
+                        stats["first_tokens"] += float(mask.sum())
+                    loss, ls = grpo_loss(
+                        logps, old[k], advantages[chosen].to(logps.device), mask,
+                        loss_type=cfg.loss_type, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
+                        max_completion_length=self.config.rollout.max_completion_length,
+                        batch_sequences=n_seq, batch_tokens=n_tok, num_micro_batches=len(micro),
+                        ref_logps=ref[k], kl_beta=cfg.kl_beta,
+                    )
+                    loss.backward()
+                    stats["loss"] += float(loss.detach()) / cfg.num_iterations
+                    stats["tokens"] += ls.tokens
+                    stats["low"] += ls.low_clipped
+                    stats["high"] += ls.high_clipped
+                    stats["kl"] += ls.kl_sum
+                stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm))
+                self.optimizer.step()
+        finally:
+            model.eval()
+            self.optimizer.zero_grad(set_to_none=True)
+        stats["skipped"] = float(n_seq - len(keep))
+        return stats
+
+    @torch.no_grad()
+    def _ref_logps(self, ids: torch.Tensor, attn: torch.Tensor, width: int) -> torch.Tensor:
+        with self.policy.adapters_disabled():
+            logps, _ = completion_logps(self.policy.model, ids, attn, width, self.config.rollout.temperature)
+        return logps
+
+    def _metrics(self, batch: RolloutBatch, rewards, groups, zero_std, update: dict[str, float]) -> dict[str, float]:
+        samples = batch.samples
+        n = max(len(samples), 1)
+        num_groups = int(groups.max()) + 1 if len(samples) else 0
+        stds = group_std(rewards.double(), groups, num_groups)[groups] if len(samples) else torch.zeros(0)
+        calls = sum(s.reward.calls for s in samples)
+        tools = Counter(r.name or "unparseable" for s in samples for r in s.results)
+        lengths = [len(s.completion_ids) for s in samples]
+        tokens = max(update["tokens"], 1.0)
+        first_tokens = max(update["first_tokens"], 1.0)
+        metrics = {
+            "reward": float(rewards.mean()) if len(samples) else 0.0,
+            "reward_std": float(stds.mean()) if len(samples) else 0.0,
+            "frac_reward_zero_std": float(zero_std.float().mean()) if len(samples) else 0.0,
+            **{f"rewards/{c}/mean": sum(getattr(s.reward, c) for s in samples) / n for c in ("r1", "r2", "r3", "r4")},
+            "loss": update["loss"],
+            "kl": update["kl"] / tokens,
+            "clip_ratio": (update["low"] + update["high"]) / tokens,
+            "clip_ratio/low_mean": update["low"] / tokens,
+            "clip_ratio/high_mean": update["high"] / tokens,
+            "entropy": update["entropy"] / first_tokens,
+            "grad_norm": update["grad_norm"],
+            "sampling/logp_abs_diff": update["logp_diff"] / first_tokens,
+            "update/skipped_samples": update["skipped"],
+            "completions/mean_length": sum(lengths) / n,
+            "completions/min_length": float(min(lengths, default=0)),
+            "completions/max_length": float(max(lengths, default=0)),
+            "completions/clipped_ratio": sum(s.truncated for s in samples) / n,
+            "prompts/mean_tokens": sum(len(s.prompt_ids) for s in samples) / n,
+            "prompts/truncated_ratio": sum(s.prompt_truncated for s in samples) / n,
+            "tool_calls/per_chunk": calls / n,
+            "tool_calls/success_rate": sum(s.reward.executed for s in samples) / calls if calls else 0.0,
+            "tool_calls/nothing_to_store": sum(s.parse.nothing_to_store for s in samples) / n,
+            **{f"tool_calls/{name}": tools.get(name, 0) / n for name in (*TOOL_NAMES, "unparseable")},
+            "memory/tokens": sum(m.token_count() for m in batch.memories) / max(len(batch.memories), 1),
+            "memory/entries": sum(m.entry_count() for m in batch.memories) / max(len(batch.memories), 1),
+            "generate_calls": float(batch.generate_calls),
+        }
+        return metrics
+
+    # ---- evaluation ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, split: str = "validation") -> dict[str, float]:
+        """Greedy rollouts (G=1) on up to eval.max_instances held-out instances: eval/* metrics."""
+        instances = self.data.get(split, [])[: self.config.eval.max_instances]
+        if not instances:
+            raise UserError(f"{self.config.data.train_path}: no {split!r} instances to evaluate on")
+        started = time.perf_counter()
+        batch = collect_rollouts(self.policy, instances, self.config, num_generations=1, generator=None,
+                                 reader=self.reader, judge=self.judge, greedy=True)
+        return evaluation_metrics(batch, time.perf_counter() - started)
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        """Write run_dir/checkpoints/step-XXXXXX (atomic) and return it."""
+        state = CheckpointState(
+            step=self.step, training_hash=self.config.training_hash(),
+            data_position={"epoch": self.epoch, "position": self.position},
+            metrics=self.history, config=self.config.model_dump(mode="json"),
+        )
+        return save_checkpoint(self.run_dir, state, policy=self.policy, optimizer=self.optimizer,
+                               scheduler=self.scheduler, generator=self.generator)
+
+    def maybe_resume(self, checkpoint: str | Path | None = None) -> bool:
+        """Continue from `checkpoint` (default: the latest in run_dir/checkpoints); False when there is none.
+
+        Refuses (UserError) a checkpoint written under a different training configuration unless
+        the trainer was created with force=True.
+        """
+        path = Path(checkpoint) if checkpoint else latest_checkpoint(self.run_dir)
+        if path is None:
+            return False
+        state = read_state(path)
+        current = self.config.training_hash()
+        if state.training_hash != current and not self.force:
+            changed = _changed_fields(state.config, self.config.model_dump(mode="json"))
+            raise UserError(
+                f"checkpoint {path} was written under training config hash {state.training_hash}, the current "
+                f"config hashes to {current}" + (f" (changed: {', '.join(changed)})" if changed else "")
+                + "; resume with the original config, use another output folder, or force it (--force)"
+            )
+        load_checkpoint(path, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
+                        generator=self.generator)
+        self.step = state.step
+        self.epoch, self.position = state.data_position["epoch"], state.data_position["position"]
+        self.history = list(state.metrics)
+        (self.run_dir / METRICS_FILE).write_text("".join(json.dumps(m) + "\n" for m in self.history))
+        log.info("resumed from %s (step %d)", path, self.step)
+        return True
+
+    def train(self, on_step: Callable[[StepResult], None] | None = None) -> Path | None:
+        """Run the remaining steps up to grpo.steps, checkpointing every grpo.checkpoint_every steps and
+        at the end; returns the last checkpoint."""
+        cfg = self.config.grpo
+        last = None
+        while self.step < cfg.steps:
+            result = self.train_step()
+            if on_step is not None:
+                on_step(result)
+            if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                last = self.save_checkpoint()
+        return last
+
+
+def _sampling_gap(rows: list[Sample], logps: torch.Tensor) -> float:
+    """Token-summed |sampling log-prob - training log-prob| (a check of the sampler, not used in the loss)."""
+    total = 0.0
+    for i, s in enumerate(rows):
+        n = len(s.sampling_logps)
+        total += float((logps[i, :n].float().cpu() - torch.tensor(s.sampling_logps)).abs().sum())
+    return total
+
+
+def _changed_fields(saved: dict | None, current: dict) -> list[str]:
+    from memalpha.config import _flatten
+
+    if not saved:
+        return []
+    a, b = _flatten(saved), _flatten(current)
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and not k.startswith(("name", "output_dir", "tracking.", "eval.")))
+
+
+def samples_frame(samples: list[Sample]) -> pl.DataFrame:
+    """One row per (instance, rollout, chunk) with texts, parsed calls, results and the reward breakdown."""
+    rows = []
+    for s in samples:
+        r = s.reward
+        rows.append({
+            "instance": s.instance_index, "instance_id": s.instance_id, "rollout": s.rollout, "chunk": s.chunk,
+            "prompt": s.prompt, "completion": s.completion,
+            "parsed_calls": json.dumps([c.to_dict() for c in s.parse.calls]),
+            "results": json.dumps([x.to_dict() for x in s.results], default=str),
+            "memory": s.memory_json,
+            "r1": r.r1, "r2": r.r2, "r3": r.r3, "r4": r.r4, "reward": r.total, "advantage": s.advantage,
+            "calls": r.calls, "executed": r.executed, "valid": r.valid, "nothing_to_store": r.nothing_to_store,
+            "prompt_tokens": len(s.prompt_ids), "completion_tokens": len(s.completion_ids), "truncated": s.truncated,
+            "memory_tokens": s.memory_tokens, "memory_entries": s.memory_entries,
+        })
+    return pl.DataFrame(rows)
+
+
+def rollout_memories(batch: RolloutBatch) -> list[dict]:
+    """Final memory, QA score and answers of every rollout."""
+    G = batch.num_generations
+    return [
+        {"instance_id": batch.instances[r // G].instance_id, "rollout": r % G, "qa_score": batch.qa_scores[r],
+         "memory": json.loads(store.to_json()), "answers": batch.answers[r]}
+        for r, store in enumerate(batch.memories)
+    ]
+
+
+def evaluation_metrics(batch: RolloutBatch, seconds: float = 0.0) -> dict[str, float]:
+    """eval/* metrics of a batch of greedy rollouts."""
+    samples = batch.samples
+    n = max(len(samples), 1)
+    calls = sum(s.reward.calls for s in samples)
+    return {
+        "eval/qa_score": sum(batch.qa_scores) / max(len(batch.qa_scores), 1),
+        "eval/reward": sum(s.reward.total for s in samples) / n,
+        **{f"eval/{c}": sum(getattr(s.reward, c) for s in samples) / n for c in ("r1", "r2", "r3", "r4")},
+        "eval/tool_calls_per_chunk": calls / n,
+        "eval/tool_success": sum(s.reward.executed for s in samples) / calls if calls else 0.0,
+        "eval/nothing_to_store": sum(s.parse.nothing_to_store for s in samples) / n,
+        "eval/memory_tokens": sum(m.token_count() for m in batch.memories) / max(len(batch.memories), 1),
+        "eval/memory_entries": sum(m.entry_count() for m in batch.memories) / max(len(batch.memories), 1),
+        "eval/completion_length": sum(len(s.completion_ids) for s in samples) / n,
+        "eval/instances": float(len(batch.instances)),
+        "eval/seconds": seconds,
+    }

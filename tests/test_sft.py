@@ -1,0 +1,117 @@
+"""Warm start: demonstrations are built like rollout prompts; SFT on the tiny model learns them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from memalpha.config import load_config
+from memalpha.data.synth import SynthConfig, generate
+from memalpha.memory.schema import MEMALPHA_SCHEMA
+from memalpha.memory.store import MemoryStore
+from memalpha.models.policy import load_policy
+from memalpha.parsing import NOTHING_TO_STORE, parse_tool_calls
+from memalpha.prompts import render_writer_prompt
+from memalpha.retrieval import MemoryIndex
+from memalpha.sft import DemoStats, build_demonstrations, run_sft
+from memalpha.tools import execute_text
+
+OVERRIDES = ["model.policy=tiny", "model.dtype=float32", "model.device=cpu", "sft.max_length=768", "sft.batch_size=4"]
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_config(None, OVERRIDES)
+
+
+@pytest.fixture(scope="module")
+def instances():
+    return generate(SynthConfig(instances=8, chunks_per_instance=(4,), chunk_tokens=128, seed=3))
+
+
+def test_demonstrations_match_rollout_prompts(config, instances):
+    policy = load_policy(config.model)
+    stats = DemoStats()
+    demos = build_demonstrations(instances, config, policy.tokenizer, count=12, stats=stats)
+    assert len(demos) == 12 == stats.kept and stats.chunks == sum(len(i.chunks) for i in instances) and stats.calls_ok == 1.0
+    skipped = [d for d in demos if d.nothing_to_store]
+    assert len(skipped) == 3  # the requested 25% share of small-talk chunks
+    by_id = {i.instance_id: i for i in instances}
+    for demo in demos:
+        assert demo.prompt_tokens + demo.completion_tokens <= config.sft.max_length
+        assert demo.completion_tokens <= config.rollout.max_completion_length + 1
+        parsed = parse_tool_calls(demo.completion)
+        assert parsed.nothing_to_store or (parsed.calls and not parsed.errors)
+        # replaying the rule writer's own outputs up to this chunk reproduces the prompt exactly
+        instance = by_id[demo.instance_id]
+        store = MemoryStore(MEMALPHA_SCHEMA, policy.count_tokens)
+        index = MemoryIndex(store, config.retrieval)
+        from memalpha.rule_writer import RuleWriter
+
+        writer = RuleWriter(MEMALPHA_SCHEMA, max_completion_tokens=config.rollout.max_completion_length, count_tokens=policy.count_tokens)
+        from memalpha.rule_writer import visible_ids
+
+        for t in range(demo.chunk_index):
+            prompt = render_writer_prompt(policy.tokenizer, store, instance.chunks[t], config.memory, index.search)
+            execute_text(store, writer.write(instance.chunks[t], store, visible_ids(prompt)), t)
+        chunk = instance.chunks[demo.chunk_index]
+        assert demo.prompt == render_writer_prompt(policy.tokenizer, store, chunk, config.memory, index.search)
+
+
+def test_demonstrations_drop_pairs_that_would_be_truncated(instances):
+    config = load_config(None, OVERRIDES + ["sft.max_length=300"])
+    policy = load_policy(config.model)
+    stats = DemoStats()
+    demos = build_demonstrations(instances, config, policy.tokenizer, count=50, stats=stats)
+    assert stats.too_long > 0
+    assert all(d.prompt_tokens + d.completion_tokens <= 300 for d in demos)
+
+
+def test_sft_on_tiny_model_reduces_loss_and_saves_adapter(tmp_path, config, instances):
+    policy = load_policy(config.model)
+    demos = build_demonstrations(instances, config, policy.tokenizer, count=4)
+    sft_cfg = config.sft.model_copy(update={"learning_rate": 1e-2, "batch_size": 4})
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    result = run_sft(policy, demos, tmp_path / "warm", sft_cfg, max_steps=6)
+    assert result.steps == 6 and len(result.losses) == 6
+    assert result.losses[-1] < result.losses[0] * 0.9
+    # only the adapter moved, and it was saved as safetensors
+    changed = [n for n, p in policy.model.named_parameters() if p.requires_grad and not torch.equal(p, before[n])]
+    assert changed and all("lora_" in n for n in changed)
+    assert (tmp_path / "warm" / "adapter_model.safetensors").is_file()
+    saved = json.loads((tmp_path / "warm" / "sft_result.json").read_text())
+    assert saved["steps"] == 6
+    # the saved adapter reproduces the trained policy; generation still works (left padding restored)
+    reloaded = load_policy(config.model, adapter=tmp_path / "warm")
+    batch = policy.encode([demos[0].prompt])
+    with torch.no_grad():
+        assert torch.allclose(policy.model(**batch).logits, reloaded.model(**batch).logits, atol=1e-5)
+    assert policy.tokenizer.padding_side == "left"
+    assert len(policy.generate_text([demos[0].prompt], max_new_tokens=3)) == 1
+
+
+def test_completion_only_loss_ignores_the_prompt(tmp_path, config, instances):
+    """Two demos with the same completion and different prompts: the trainer masks the prompts, so the
+    loss counts completion tokens only (TRL's num_tokens covers whole sequences, the loss does not)."""
+    from trl import SFTTrainer
+
+    policy = load_policy(config.model)
+    demos = build_demonstrations(instances, config, policy.tokenizer, count=2)
+    from datasets import Dataset
+
+    from memalpha.sft import _sft_args
+
+    trainer = SFTTrainer(
+        model=policy.model,
+        args=_sft_args(config.sft, policy, tmp_path, 1, 0),
+        train_dataset=Dataset.from_list([{"prompt": d.prompt, "completion": d.completion} for d in demos]),
+        processing_class=policy.tokenizer,
+    )
+    row = trainer.train_dataset[0]
+    labelled = [t for t, m in zip(row["input_ids"], row["labels"]) if m != -100]
+    completion = policy.tokenizer(demos[0].completion, add_special_tokens=False)["input_ids"]
+    assert labelled[: len(completion)] == completion  # exactly the completion (then the end-of-turn token)
+    assert len(labelled) == len(completion) + 1
+    assert demos[0].completion != NOTHING_TO_STORE or labelled
