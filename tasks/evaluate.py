@@ -25,10 +25,13 @@ def fetch_model(config: RunConfig, alias: str, dest: str) -> dict[str, Any]:
     client = tracking.configure()
     name = config.tracking.registered_model
     try:
-        version = client.get_model_version_by_alias(name, alias)
-    except mlflow.exceptions.MlflowException as exc:
+        if alias == "latest":  # reserved by MLflow: the newest version, never set by hand
+            version = max(client.search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version))
+        else:
+            version = client.get_model_version_by_alias(name, alias)
+    except (mlflow.exceptions.MlflowException, ValueError) as exc:
         raise RuntimeError(f"no model version of {name!r} has the alias {alias!r}; train one first (make train)") from exc
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}@{alias}", dst_path=dest))
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version.version}", dst_path=dest))
     flavor = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["transformers"]
     adapter = resolve_adapter(local)
     trained_with = client.get_run(version.run_id).data.params if version.run_id else {}

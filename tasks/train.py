@@ -278,7 +278,9 @@ def _champion_score(client, name: str) -> float | None:
 
 @task(name="register-model", cache_policy=NO_CACHE, retries=1)
 def register_model(config: RunConfig, run_dir: str, run_id: str, checkpoint: str, register: bool = True) -> dict[str, Any]:
-    """Log the final adapter as a transformers/PEFT model and register it as `latest` (and `champion` if better)."""
+    """Log the final adapter as a transformers/PEFT model and register a new version; alias it `champion`
+    when its validation score beats the current champion's. (`latest` is an alias MLflow reserves and
+    resolves by itself: `models:/<name>/latest` is always the newest version.)"""
     from memalpha.models.policy import load_policy
 
     logger = get_run_logger()
@@ -310,7 +312,6 @@ def register_model(config: RunConfig, run_dir: str, run_id: str, checkpoint: str
     if score is not None:
         client.set_model_version_tag(name, version, "validation_metric", key)
         client.set_model_version_tag(name, version, "validation_score", str(score))
-    client.set_registered_model_alias(name, "latest", version)
     champion = _champion_score(client, name)
     promoted = score is not None and (champion is None or score > champion)
     if promoted:

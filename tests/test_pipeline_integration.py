@@ -130,31 +130,58 @@ def test_nightly_schedule_creates_scheduled_runs(stack):
 
 def tiny_config(tmp: Path) -> dict:
     config = load_config(REPO / "configs" / "tiny.yaml", [
-        f"output_dir={tmp / 'runs'}", f"grpo.steps={STEPS}", "grpo.checkpoint_every=2", "grpo.eval_every=2",
+        f"output_dir={tmp / 'runs'}", f"data.train_path={tmp / 'data'}", f"grpo.steps={STEPS}",
+        "grpo.checkpoint_every=2", "grpo.eval_every=2",
         "tracking.experiment=integration", "tracking.registered_model=integration-policy",
     ])
     return config.model_dump(mode="json")
 
 
-def test_train_deployment_resumes_after_injected_failure(stack):
+def run_deployment(stack, name: str, params: dict, timeout: int = 600) -> str:
+    """`prefect deployment run NAME --watch` as a user would; returns the flow run id once it completed."""
+    args = [PREFECT, "deployment", "run", name, "--watch", "--watch-interval", "3", "--watch-timeout", str(timeout)]
+    for key, value in params.items():
+        args += ["--param", f"{key}={json.dumps(value)}"]
+    out = subprocess.run(args, cwd=REPO, env=stack["env"], capture_output=True, text=True, timeout=timeout + 60)
+    match = re.search(r"UUID: *([0-9a-f-]{36})", out.stdout)
+    assert match and out.returncode == 0, out.stdout[-2000:] + stack["runner_log"].read_text()[-4000:]
+    return match.group(1)
+
+
+@pytest.fixture(scope="module")
+def dataset(stack):
+    """A small synthetic dataset written by the `prep/prep` deployment."""
+    tmp = stack["tmp"]
+    config = tiny_config(tmp)
+    synth = {"instances": 16, "chunks_per_instance": [2], "chunk_tokens": 256, "facts_per_instance": 2,
+             "competencies": config["data"]["competencies"], "seed": 1}
+    run_deployment(stack, "prep/prep", {"source": "synthetic", "out_dir": str(tmp / "data"), "synth": synth,
+                                        "config": config})
+    from memalpha.data.io import read_dataset
+
+    splits = [instance.split for instance in read_dataset(tmp / "data")]
+    assert splits.count("validation") >= 1 and splits.count("train") >= 4, splits
+    return tmp / "data"
+
+
+def test_train_deployment_resumes_after_injected_failure(stack, dataset):
     import mlflow
     from mlflow.tracking import MlflowClient
 
     env, tmp = stack["env"], stack["tmp"]
-    config = tiny_config(tmp)
     started = time.time()
-    out = subprocess.run([PREFECT, "deployment", "run", "grpo/train", "--param", f"config={json.dumps(config)}",
-                          "--watch", "--watch-interval", "3", "--watch-timeout", "600"],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=700)
-    flow_run_id = re.search(r"UUID: *([0-9a-f-]{36})", out.stdout).group(1)
-    runner_log = stack["runner_log"].read_text()
-    assert out.returncode == 0, out.stdout[-2000:] + runner_log[-4000:]
+    flow_run_id = run_deployment(stack, "grpo/train", {"config": tiny_config(tmp)})
     print(f"grpo/train took {time.time() - started:.0f} s")
 
     # Prefect: the block holding step 3 failed once, and both attempts resumed from the step-2 checkpoint
-    logs = prefect_json(stack, "/logs/filter", {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200})
-    messages = [entry["message"] for entry in logs]
-    assert sum(f"injected failure after training step {FAIL_AT}" in m for m in messages) >= 1
+    messages: list[str] = []
+    while True:  # the API pages logs by 200
+        page = prefect_json(stack, "/logs/filter", {"logs": {"flow_run_id": {"any_": [flow_run_id]}},
+                                                   "sort": "TIMESTAMP_ASC", "limit": 200, "offset": len(messages)})
+        messages += [entry["message"] for entry in page]
+        if len(page) < 200:
+            break
+    assert sum(f"injected failure after training step {FAIL_AT}" in m for m in messages) >= 1, messages
     assert sum("block 3-4: resumed from checkpoint at step 2" in m for m in messages) == 2, messages
     task_runs = prefect_json(stack, "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
     blocks = {run["name"]: run for run in task_runs if run["name"].startswith("train-block")}
@@ -189,7 +216,8 @@ def test_train_deployment_resumes_after_injected_failure(stack):
     traces = mlflow.search_traces(run_id=run.info.run_id, locations=[experiment.experiment_id], return_type="list")
     assert sorted(int(t.info.tags["memalpha.step"]) for t in traces) == list(range(1, STEPS + 1))
 
-    # the final adapter is registered as latest and, the first time, champion
-    latest = client.get_model_version_by_alias("integration-policy", "latest")
+    # the final adapter is registered (so it is `models:/integration-policy/latest`) and, the first time, champion
+    (version,) = client.search_model_versions("name = 'integration-policy'")
     champion = client.get_model_version_by_alias("integration-policy", "champion")
-    assert latest.run_id == run.info.run_id and champion.version == latest.version
+    assert version.run_id == run.info.run_id and champion.version == version.version
+    assert float(champion.tags["validation_score"]) == run.data.metrics["eval/qa_score"]

@@ -1,0 +1,76 @@
+"""`memalpha train`: GRPO training in this process (no Prefect server needed).
+
+Writes into the run folder (config.output_dir, or --resume DIR): config.yaml, the warm-start adapter
+(sft/), checkpoints/step-XXXXXX/ every grpo.checkpoint_every steps and at the end, and metrics.jsonl
+(one line per step; evaluation lines carry eval/* keys). An existing run folder is continued from its
+latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import yaml
+
+from memalpha.cli import UserError
+from memalpha.config import load_config
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("train", help="warm start + GRPO training, locally")
+    parser.add_argument("--config", help="YAML config file (default: embedded defaults)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
+    parser.add_argument("--resume", metavar="DIR", help="run folder (latest checkpoint) or checkpoint folder to continue")
+    parser.add_argument("--force", action="store_true", help="resume even if the training config changed")
+    parser.set_defaults(handler=_train)
+
+
+def _resolve(resume: str | None, output_dir: str) -> tuple[Path, Path | None]:
+    """(run folder, explicit checkpoint or None)."""
+    if resume is None:
+        return Path(output_dir), None
+    path = Path(resume)
+    if not path.exists():
+        raise UserError(f"--resume {resume}: no such folder")
+    if (path / "state.json").is_file():  # a checkpoint folder: run_dir/checkpoints/step-N
+        return path.parent.parent, path
+    return path, None
+
+
+def _train(args) -> int:
+    from tqdm.auto import tqdm
+
+    from memalpha.trainer import METRICS_FILE, Trainer
+
+    config = load_config(args.config, args.set)
+    run_dir, checkpoint = _resolve(args.resume, config.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    print(f"run folder: {run_dir} (training hash {config.training_hash()})")
+    started = time.perf_counter()
+    trainer = Trainer(config, run_dir, force=args.force)
+    print(f"policy {config.model.policy} on {trainer.policy.device} ({trainer.policy.dtype}); "
+          f"ready in {time.perf_counter() - started:.0f} s")
+    if trainer.maybe_resume(checkpoint):
+        print(f"resumed at step {trainer.step}")
+    cfg = config.grpo
+    bar = tqdm(total=cfg.steps, initial=trainer.step, desc="grpo", unit="step", dynamic_ncols=True)
+
+    def on_step(result) -> None:
+        m = result.metrics
+        bar.update(1)
+        bar.set_postfix(reward=f"{m['reward']:.3f}", r1=f"{m['rewards/r1/mean']:.2f}",
+                        calls_ok=f"{m['tool_calls/success_rate']:.2f}", step_s=f"{m['timing/step_s']:.0f}")
+        if result.step % cfg.eval_every == 0 or result.step == cfg.steps:
+            metrics = trainer.evaluate("validation")
+            with open(run_dir / METRICS_FILE, "a") as fh:
+                fh.write(json.dumps({"step": result.step, **metrics}) + "\n")
+            bar.write(f"step {result.step}: " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
+
+    last = trainer.train(on_step)
+    bar.close()
+    print(f"done: {trainer.step} steps in {time.perf_counter() - started:.0f} s; "
+          f"last checkpoint {last or 'unchanged'}; metrics in {run_dir / METRICS_FILE}")
+    return 0
