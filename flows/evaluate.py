@@ -12,7 +12,7 @@ from memalpha.config import RunConfig
 from tasks.evaluate import fetch_model, log_evaluation, run_evaluation
 
 
-@flow(name="evaluate", log_prints=True)
+@flow(name="evaluate")
 def evaluate(config: RunConfig = default_config(), alias: str = "champion") -> dict:
     """Evaluate `<registered model>@<alias>`; the flow fails when a watched score regressed."""
     with tempfile.TemporaryDirectory(prefix="memalpha-eval-") as tmp:

@@ -20,7 +20,7 @@ def run_dir_for(config: RunConfig, flow_run_id: str) -> Path:
     return root / flow_run_id
 
 
-@flow(name="grpo", log_prints=True)
+@flow(name="grpo")
 def grpo(config: RunConfig = default_config(), parent_run_id: str | None = None, register_adapter: bool = True) -> dict:
     """Train the memory writer with GRPO on `config`; returns the MLflow run id, checkpoint and model."""
     logger = get_run_logger()

@@ -20,7 +20,7 @@ def _absolute(path: str | None) -> str | None:
     return str(path if Path(path).is_absolute() else REPO_ROOT / path)
 
 
-@flow(name="prep", log_prints=True)
+@flow(name="prep")
 def prep(source: str = "synthetic", path: str | None = None, out_dir: str | None = None,
          synth: dict[str, Any] | None = None, drop_invalid: bool = False,
          config: RunConfig = default_config()) -> dict:

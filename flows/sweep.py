@@ -29,7 +29,7 @@ def close_parent(run_id: str, children: list[dict], status: str = "FINISHED") ->
     tracking.configure().set_terminated(run_id, status=status)
 
 
-@flow(name="sweep", log_prints=True)
+@flow(name="sweep")
 def sweep(config: RunConfig = default_config(), betas: list[float] = [0.0, 0.05, 0.2],
           gammas: list[float] = [0.0, 0.1]) -> dict:
     """Run `grpo` for every (beta, gamma) in betas x gammas as MLflow child runs of one parent run."""

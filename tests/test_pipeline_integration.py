@@ -195,7 +195,8 @@ def test_train_deployment_resumes_after_injected_failure(stack, dataset):
     assert run.info.status == "FINISHED"
     assert run.data.tags["prefect.deployment"] == "train"
     assert run.data.params["grpo.steps"] == str(STEPS) and "reward.beta" in run.data.params
-    per_step = [k for k in run.data.metrics if not k.startswith("eval/")]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "sft/seconds")] == [0]  # the warm start ran
+    per_step = [k for k in run.data.metrics if not k.startswith(("eval/", "sft/"))]
     assert "pipeline/step_seconds" in per_step and len(per_step) > 3
     for key in per_step:
         steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
@@ -221,3 +222,25 @@ def test_train_deployment_resumes_after_injected_failure(stack, dataset):
     champion = client.get_model_version_by_alias("integration-policy", "champion")
     assert version.run_id == run.info.run_id and champion.version == version.version
     assert float(champion.tags["validation_score"]) == run.data.metrics["eval/qa_score"]
+
+
+def test_sweep_logs_child_runs_under_one_parent(stack, dataset):
+    from mlflow.tracking import MlflowClient
+
+    config = tiny_config(stack["tmp"])
+    config["name"] = "sweep"
+    config["grpo"].update({"steps": 1, "checkpoint_every": 1, "eval_every": 1})
+    config["sft"]["enabled"] = False
+    config["tracking"]["experiment"] = "integration-sweep"
+    flow_run_id = run_deployment(stack, "sweep/sweep", {"config": config, "betas": [0.0, 0.2], "gammas": [0.1]})
+
+    client = MlflowClient(stack["env"]["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("integration-sweep")
+    (parent,) = client.search_runs([experiment.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
+    children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    grid = sorted((float(c.data.params["reward.beta"]), float(c.data.params["reward.gamma"])) for c in children)
+    assert grid == [(0.0, 0.1), (0.2, 0.1)]
+    assert all(c.info.status == "FINISHED" and "reward" in c.data.metrics for c in children)
+    assert parent.data.tags["memalpha.children"].count(",") == 1
+    for child in children:  # sweep runs are compared, not registered
+        assert not client.search_model_versions(f"run_id = '{child.info.run_id}'")

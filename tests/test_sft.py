@@ -15,7 +15,7 @@ from memalpha.models.policy import load_policy
 from memalpha.parsing import NOTHING_TO_STORE, parse_tool_calls
 from memalpha.prompts import render_writer_prompt
 from memalpha.retrieval import MemoryIndex
-from memalpha.sft import DemoStats, build_demonstrations, run_sft
+from memalpha.sft import Demonstration, DemoStats, build_demonstrations, run_sft
 from memalpha.tools import execute_text
 
 OVERRIDES = ["model.policy=tiny", "model.dtype=float32", "model.device=cpu", "sft.max_length=768", "sft.batch_size=4"]
@@ -69,20 +69,32 @@ def test_demonstrations_drop_pairs_that_would_be_truncated(instances):
     assert all(d.prompt_tokens + d.completion_tokens <= 300 for d in demos)
 
 
-def test_sft_on_tiny_model_reduces_loss_and_saves_adapter(tmp_path, config, instances):
+def _short_demos(policy) -> list[Demonstration]:
+    """Short prompt/completion pairs in the rollout format (the tiny model's 49K-token vocabulary makes
+    long sequences slow on a shared CPU)."""
+    facts = [("Maya", "Lisbon"), ("Omar", "Porto"), ("Ines", "Graz"), ("Luca", "Perth")]
+    demos = []
+    for i, (name, city) in enumerate(facts):
+        prompt = policy.render_chat([{"role": "user", "content": f"New chunk:\n{name}: I live in {city}."}])
+        completion = json.dumps({"name": "memory_insert", "arguments": {"memory_type": "semantic", "content": f"{name} lives in {city}."}})
+        demos.append(Demonstration(prompt, completion, "demo", i, policy.count_tokens(prompt), policy.count_tokens(completion) + 1))
+    return demos
+
+
+def test_sft_on_tiny_model_reduces_loss_and_saves_adapter(tmp_path, config):
     policy = load_policy(config.model)
-    demos = build_demonstrations(instances, config, policy.tokenizer, count=4)
-    sft_cfg = config.sft.model_copy(update={"learning_rate": 1e-2, "batch_size": 4})
+    demos = _short_demos(policy)
+    sft_cfg = config.sft.model_copy(update={"learning_rate": 5e-3, "batch_size": 4})
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
-    result = run_sft(policy, demos, tmp_path / "warm", sft_cfg, max_steps=6)
-    assert result.steps == 6 and len(result.losses) == 6
+    result = run_sft(policy, demos, tmp_path / "warm", sft_cfg, max_steps=8)
+    assert result.steps == 8 and len(result.losses) == 8
     assert result.losses[-1] < result.losses[0] * 0.9
     # only the adapter moved, and it was saved as safetensors
     changed = [n for n, p in policy.model.named_parameters() if p.requires_grad and not torch.equal(p, before[n])]
     assert changed and all("lora_" in n for n in changed)
     assert (tmp_path / "warm" / "adapter_model.safetensors").is_file()
     saved = json.loads((tmp_path / "warm" / "sft_result.json").read_text())
-    assert saved["steps"] == 6
+    assert saved["steps"] == 8
     # the saved adapter reproduces the trained policy; generation still works (left padding restored)
     reloaded = load_policy(config.model, adapter=tmp_path / "warm")
     batch = policy.encode([demos[0].prompt])

@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
@@ -70,6 +70,12 @@ class EvalEnv:
     count_tokens: TokenCounter
     embedder: "TextEncoder | None" = None
     """Dense retrieval encoder; None loads the shared one for retrieval.embedding_model when needed."""
+    progress: Callable[[str], None] | None = None
+    """Where long-running methods report progress (one line per rollout batch)."""
+
+    def say(self, message: str) -> None:
+        if self.progress is not None:
+            self.progress(message)
 
     @cached_property
     def schema(self):
@@ -287,7 +293,12 @@ class PolicyMethod(Method):
                 self.policy, unasked, config, num_generations=1, generator=generator, reader=None,
                 greedy=not self.stochastic,
             )
-            seconds = (time.perf_counter() - began) / len(batch)
+            elapsed = time.perf_counter() - began
+            seconds = elapsed / len(batch)
+            self.env.say(
+                f"  {self.name}: batch {start // size + 1}/{-(-len(instances) // size)} ({len(batch)} instances, "
+                f"{max(len(i.chunks) for i in batch)} chunk steps, {rollouts.generated_tokens:,} tokens generated) in {elapsed:.1f} s"
+            )
             for b, (inst, store) in enumerate(zip(batch, rollouts.memories)):
                 results = [res for sample in rollouts.samples if sample.instance_index == b for res in sample.results]
                 index = MemoryIndex(store, self.env.config.retrieval, self.env.embedder)

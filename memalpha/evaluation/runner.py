@@ -184,7 +184,7 @@ def evaluate(
     tokenizer, counter_name = policy_tokenizer(config)
     batch_counts = TokenCounts(tokenizer)
     input_tokens = [sum(batch_counts.counts(inst.chunks)) if inst.chunks else 0 for inst in instances]
-    env = EvalEnv(config, _counter(tokenizer))
+    env = EvalEnv(config, _counter(tokenizer), progress=progress)
     reader = _ReaderHolder(config)
     question_rows: list[dict[str, Any]] = []
     instance_rows: list[dict[str, Any]] = []

@@ -1,0 +1,153 @@
+"""Batched rollouts with the tiny model: one generate call per chunk position, reward breakdowns."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from memalpha.config import load_config
+from memalpha.data.io import write_dataset
+from memalpha.data.schema import Instance, Question
+from memalpha.grpo import completion_logps
+from memalpha.memory.schema import get_schema
+from memalpha.memory.store import MemoryStore
+from memalpha.models.policy import load_policy
+from memalpha.models.readers import make_reader
+from memalpha.prompts import render_writer_prompt
+from memalpha.rollout import collect_rollouts, truncate_instance
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+TAUGHT = '{"name": "memory_insert", "arguments": {"memory_type": "semantic", "content": "Priya is allergic to hazelnuts."}}'
+PEOPLE = ["Priya", "Javier", "Clara", "Hiro", "Ines", "Luca", "Maya", "Oscar"]
+
+
+def tiny_config(data_dir, *overrides):
+    """configs/tiny.yaml on a test dataset, without a warm start unless asked."""
+    return load_config(CONFIG, [f"data.train_path={data_dir}", "sft.enabled=false", *overrides])
+
+
+def make_instances() -> list[Instance]:
+    """Short two-or-three-chunk dialogues; the first half ask about the fact the taught call stores."""
+    out = []
+    for i, name in enumerate(PEOPLE):
+        fact = "hazelnuts" if i % 2 == 0 else "peanuts"
+        chunks = [f"{name}: I found out I am allergic to {fact}.", f"{name}: I moved to Lisbon last week."]
+        if i % 3 == 0:
+            chunks.append(f"{name}: The weather is nice today.")
+        questions = [Question("q0", f"What is {name} allergic to?", [fact], "single_hop", [0])]
+        split = "validation" if i >= 6 else "train"
+        out.append(Instance(f"inst-{i}", "test", "accurate_retrieval", chunks, questions, {}, split))
+    return out
+
+
+def make_dataset(folder: Path) -> Path:
+    write_dataset(folder, make_instances(), manifest={"source": "test"})
+    return folder
+
+
+def teach(policy, config, steps: int = 40, target_logp: float = -0.7) -> None:
+    """Supervised steps on one fixed tool call until its sequence log-prob reaches `target_logp`, so
+    sampling sometimes writes it exactly and sometimes not (rewards then differ within groups)."""
+    tok = policy.tokenizer
+    schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
+    prompts = [
+        render_writer_prompt(tok, MemoryStore(schema, policy.count_tokens), inst.chunks[0], config.memory)
+        for inst in make_instances()[:4]
+    ]
+    completion = tok(TAUGHT, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    rows = [tok(p, add_special_tokens=False)["input_ids"] + completion for p in prompts]
+    ids = torch.tensor(rows) if len({len(r) for r in rows}) == 1 else None
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-2)
+    policy.model.train()
+    for _ in range(steps):
+        total = 0.0
+        optimizer.zero_grad()
+        for row in rows:
+            ids = torch.tensor([row])
+            logps, _ = completion_logps(policy.model, ids, torch.ones_like(ids), len(completion), 1.0)
+            (-logps.sum() / len(rows)).backward()
+            total += float(logps.sum()) / len(rows)
+        if total > target_logp:
+            break
+        optimizer.step()
+    policy.model.eval()
+
+
+@pytest.fixture(scope="session")
+def taught_adapter(tmp_path_factory) -> Path:
+    """A tiny-model LoRA adapter that writes a valid call with moderate probability."""
+    folder = tmp_path_factory.mktemp("taught")
+    config = tiny_config(folder / "data")
+    policy = load_policy(config.model, seed=config.grpo.seed)
+    teach(policy, config)
+    return policy.save_adapter(folder / "adapter")
+
+
+@pytest.fixture
+def dataset(tmp_path) -> Path:
+    return make_dataset(tmp_path / "data")
+
+
+def _policy(config, adapter):
+    return load_policy(config.model, adapter=adapter, seed=config.grpo.seed)
+
+
+def test_one_generate_call_per_chunk_position(dataset, taught_adapter):
+    config = tiny_config(dataset, "data.max_chunks_per_instance=0")
+    policy = _policy(config, taught_adapter)
+    instances = make_instances()[:3]  # 3, 2 and 2 chunks
+    batch = collect_rollouts(policy, instances, config, num_generations=4, generator=torch.Generator().manual_seed(0),
+                             reader=make_reader(config.model))
+    assert batch.generate_calls == 3  # chunk positions, not B*G*chunks
+    assert len(batch.memories) == 12
+    assert len(batch.samples) == 4 * 3 + 4 * 2 + 4 * 2  # rollouts stop at their instance's last chunk
+    per_rollout = {}
+    for s in batch.samples:
+        per_rollout.setdefault((s.instance_index, s.rollout), []).append(s.chunk)
+        assert s.reward is not None and len(s.completion_ids) == len(s.sampling_logps) > 0
+        assert s.prompt_ids and s.prompt.endswith("assistant\n")
+    assert per_rollout[(0, 0)] == [0, 1, 2] and per_rollout[(1, 3)] == [0, 1]
+    assert batch.generated_tokens == sum(len(s.completion_ids) for s in batch.samples)
+
+
+def test_rewards_follow_the_memory_and_are_shared_within_a_rollout(dataset, taught_adapter):
+    config = tiny_config(dataset)
+    policy = _policy(config, taught_adapter)
+    batch = collect_rollouts(policy, make_instances()[:2], config, num_generations=4,
+                             generator=torch.Generator().manual_seed(1), reader=make_reader(config.model))
+    G = 4
+    for r, store in enumerate(batch.memories):
+        samples = [s for s in batch.samples if s.instance_index == r // G and s.rollout == r % G]
+        assert len({s.reward.r1 for s in samples}) == 1 and len({s.reward.r3 for s in samples}) == 1
+        # r1: the evidence reader finds the gold answer in this rollout's memory or not
+        gold = batch.instances[r // G].questions[0].answers[0]
+        assert samples[0].reward.r1 == (1.0 if gold in store.to_json() else 0.0) == batch.qa_scores[r]
+        for s in samples:
+            ok = sum(x.ok for x in s.results)
+            assert s.reward.r2 == (ok / len(s.results) if s.results else 0.0)
+            b = s.reward
+            assert b.total == pytest.approx(b.r1 + b.r2 + config.reward.beta * b.r3 + config.reward.gamma * b.r4)
+    rewards = [s.reward.total for s in batch.samples]
+    assert max(rewards) > min(rewards)  # the taught adapter succeeds only sometimes
+    assert batch.trace["span_type"] == "AGENT" and batch.trace["children"][0]["children"][0]["name"] == "generate"
+
+
+def test_rollouts_are_reproducible_from_the_generator(dataset, taught_adapter):
+    config = tiny_config(dataset)
+    policy = _policy(config, taught_adapter)
+    reader = make_reader(config.model)
+    runs = [
+        collect_rollouts(policy, make_instances()[:2], config, num_generations=2,
+                         generator=torch.Generator().manual_seed(seed), reader=reader)
+        for seed in (5, 5, 6)
+    ]
+    texts = [[s.completion for s in run.samples] for run in runs]
+    assert texts[0] == texts[1] and texts[0] != texts[2]
+
+
+def test_truncation_keeps_answerable_questions():
+    inst = make_instances()[0]
+    inst.questions.append(Question("q1", "Where did Priya move?", ["Lisbon"], "single_hop", [1]))
+    cut = truncate_instance(inst, 1)
+    assert cut.chunks == inst.chunks[:1] and [q.question_id for q in cut.questions] == ["q0"]
+    assert truncate_instance(inst, 0) is inst
