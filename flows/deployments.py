@@ -3,6 +3,7 @@
     python -m flows.deployments serve            # serve route: one process runs all deployments
     python -m flows.deployments ready --wait 60  # exit 0 once a runner has polled every deployment
     python -m flows.deployments yaml             # work-pool route: (re)write infra/prefect.yaml
+    python -m flows.deployments fingerprint      # hash of the parameter schemas (stale-runner check)
 """
 
 from __future__ import annotations
@@ -74,6 +75,21 @@ def serve(limit: int) -> None:
     prefect_serve(*runner_deployments(), limit=limit)
 
 
+def schema_fingerprint() -> str:
+    """Hash of every deployment's parameter schema: when it changes (e.g. a new config field) a running
+    runner holds stale deployments whose server-side validation rejects the new parameters."""
+    import hashlib
+
+    from prefect.utilities.callables import parameter_schema
+
+    digest = hashlib.sha256()
+    for spec in DEPLOYMENTS:
+        digest.update(spec.full_name.encode())
+        digest.update(parameter_schema(spec.load_flow()).model_dump_json().encode())
+        digest.update(str(nightly_cron() if spec.nightly else "").encode())
+    return digest.hexdigest()[:16]
+
+
 def ready(since: float) -> bool:
     """Whether every deployment exists and a runner polled it at or after `since` (epoch seconds)."""
     from prefect.client.orchestration import get_client
@@ -126,9 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     ready_cmd.add_argument("--since", type=float, default=0.0, help="epoch seconds the poll must be newer than")
     ready_cmd.add_argument("--wait", type=float, default=0.0, help="seconds to keep checking")
     sub.add_parser("yaml", help=f"write {PREFECT_YAML.relative_to(REPO_ROOT)}")
+    sub.add_parser("fingerprint", help="print the hash of the deployments' parameter schemas")
     args = parser.parse_args(argv)
     if args.command == "serve":
         serve(args.limit)
+        return 0
+    if args.command == "fingerprint":
+        print(schema_fingerprint())
         return 0
     if args.command == "yaml":
         PREFECT_YAML.write_text(render_prefect_yaml())

@@ -81,8 +81,21 @@ start_mlflow() {
     echo "mlflow: http://127.0.0.1:$MLFLOW_PORT (pid $(cat "$(pidfile mlflow)"), store $REPO/mlruns)"
 }
 
+schema_fingerprint() { (cd "$REPO" && "$PY" -m flows.deployments fingerprint 2>/dev/null); }
+
 start_runner() {
-    if is_running runner; then echo "runner: already running (pid $(cat "$(pidfile runner)"))"; return; fi
+    local fingerprint
+    fingerprint="$(schema_fingerprint)"
+    if is_running runner; then
+        if [[ "$fingerprint" == "$(cat "$STATE/runner.schema" 2>/dev/null)" ]]; then
+            echo "runner: already running (pid $(cat "$(pidfile runner)"))"
+            return
+        fi
+        # the server validates parameters against the schemas registered at start-up
+        echo "runner: flow parameters changed since it started; restarting it to re-register the deployments"
+        stop_one runner
+    fi
+    echo "$fingerprint" >"$STATE/runner.schema"
     date +%s >"$STATE/runner.started"
     (cd "$REPO" && launch runner "$PY" -m flows.deployments serve)
     wait_healthy runner runner_healthy

@@ -176,7 +176,14 @@ class RuleWriter:
     # ---- writing -------------------------------------------------------------------------------
 
     def _section(self, item: Extraction) -> str:
-        return self._event_section if item.kind == "event" else self._fact_section
+        if self._fact_section == "semantic":
+            return self._event_section if item.kind == "event" else self._fact_section
+        # other layouts (persona categories): the first section whose topic words the content mentions
+        words = set(re.findall(r"[a-z]+", item.content.lower()))
+        for section, topic in _TOPICS.items():
+            if section in self.schema.names and words & topic:
+                return section
+        return self._fact_section
 
     def plan(self, chunk_text: str, store: MemoryStore, visible_ids: set[str] | None = None) -> list[dict]:
         """The tool calls (as dicts) for one chunk, most valuable first, before any budget cut."""
@@ -263,6 +270,22 @@ class RuleWriter:
             used += cost
         return "\n".join(lines) if lines else NOTHING_TO_STORE
 
+
+_TOPICS: dict[str, frozenset[str]] = {
+    name: frozenset(words.split())
+    for name, words in {
+        "cognition_work": "work works job hired employee employer contract career engineer nurse chef analyst study degree project office company",
+        "spatiotemporal_context": "live lives moved moving city flat apartment address trip flight visit travel",
+        "social_interpersonal": "sister brother mother father cousin neighbour neighbor colleague roommate aunt uncle friend wife husband partner wedding",
+        "physiology_health": "allergic allergy doctor physio health sleep gym marathon knee ankle run ran",
+        "resource_economic": "bought sold paid money rent salary car drive drives hatchback truck van scooter motorbike code",
+        "culture_entertainment": "book novel music band lessons club cello banjo guitar piano film movie game hobby",
+        "sensory_lifestyle": "food coffee tea cook cooked dinner dog cat parrot pet named called",
+        "values": "believe value values principle vote",
+        "psychological_defense": "afraid fear stress anxious worried nervous cope",
+    }.items()
+}
+"""Topic words of the persona categories, for layouts without semantic/episodic lists."""
 
 _PROFILE = re.compile(r"\b(?:lives in|is in|moved (?:from \S+(?: \S+){0,3} )?to|works (?:as|at|for)|is an? |joined)\b")
 _CORE_NAMES = re.compile(r"^(?:Conversation between (?P<many>.+?)|Notes about (?P<one>.+?))\.")

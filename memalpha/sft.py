@@ -9,7 +9,6 @@ the rule writer runs over each training instance with an evolving memory, and ea
 from __future__ import annotations
 
 import json
-import logging
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,8 +23,6 @@ from memalpha.memory.schema import get_schema
 from memalpha.parsing import NOTHING_TO_STORE
 from memalpha.rule_writer import RuleWriter, run_rule_writer
 from memalpha.tokens import tokenizer_counter
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -125,18 +122,23 @@ class SFTResult:
         return asdict(self)
 
 
-def _sft_args(sft_cfg: SFTConfig, policy, out_dir: Path, max_steps: int | None, seed: int):
+def sft_arguments(sft_cfg: SFTConfig, policy, out_dir: Path, max_steps: int | None, seed: int):
+    """TRL SFTConfig for our setup: CPU-safe (use_cpu, no gradient checkpointing), bf16 when the policy
+    runs in bf16, completion-only loss, no checkpoints or reporting (the caller saves the adapter)."""
     from trl import SFTConfig as TRLSFTConfig
 
     on_cpu = policy.device.type == "cpu"
+    micro = min(sft_cfg.micro_batch_size, sft_cfg.batch_size)
+    if sft_cfg.batch_size % micro:
+        raise ValueError(f"sft.batch_size={sft_cfg.batch_size} must be a multiple of sft.micro_batch_size={micro}")
     return TRLSFTConfig(
         output_dir=str(out_dir / "trainer"),
-        per_device_train_batch_size=sft_cfg.batch_size,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=sft_cfg.batch_size // micro,
         num_train_epochs=sft_cfg.epochs,
         max_steps=max_steps or sft_cfg.max_steps or -1,
         learning_rate=sft_cfg.learning_rate,
-        lr_scheduler_type="constant_with_warmup",
-        warmup_steps=1,
+        lr_scheduler_type="constant",  # runs are a few dozen steps: no step is spent at a warmup lr of 0
         max_length=sft_cfg.max_length,
         completion_only_loss=True,  # prompt tokens carry no loss
         use_cpu=on_cpu,
@@ -172,7 +174,7 @@ def run_sft(
     `out_dir` and the policy keeps the trained weights. Loss is on the completion tokens only.
     """
     from datasets import Dataset
-    from transformers import TrainerCallback
+    from transformers import PrinterCallback, TrainerCallback
     from trl import SFTTrainer
 
     if not demos:
@@ -191,11 +193,12 @@ def run_sft(
 
     trainer = SFTTrainer(
         model=policy.model,
-        args=_sft_args(sft_cfg, policy, out_dir, max_steps, seed),
+        args=sft_arguments(sft_cfg, policy, out_dir, max_steps, seed),
         train_dataset=dataset,
         processing_class=policy.tokenizer,
         callbacks=[_Record()],
     )
+    trainer.remove_callback(PrinterCallback)  # progress goes through on_log
     start = time.perf_counter()
     policy.model.train()
     try:

@@ -114,6 +114,18 @@ def warm_start(config: RunConfig, run_dir: Path, policy, instances: list[Instanc
     return out
 
 
+def prepare_warm_start(config: RunConfig, run_dir: str | Path) -> Path | None:
+    """The warm-start adapter of a run folder, trained now if missing (None when sft.enabled is false).
+    For pipelines that run the warm start as its own step; Trainer does the same on construction."""
+    from memalpha.models.policy import load_policy
+
+    if not config.sft.enabled:
+        return None
+    policy = load_policy(config.model, seed=config.grpo.seed)
+    data = load_training_data(config, policy.tokenizer)
+    return warm_start(config, Path(run_dir), policy, data["train"])
+
+
 class Trainer:
     """GRPO over LoRA adapters with checkpoints and exact resume (see the module docstring)."""
 
@@ -129,6 +141,7 @@ class Trainer:
         cfg = config.grpo
         self.policy = load_policy(config.model, seed=cfg.seed)
         self.data = load_training_data(config, self.policy.tokenizer)
+        self.warm_start_dir: Path | None = None
         if config.sft.enabled:
             done = (self.run_dir / SFT_DIR / "adapter_model.safetensors").is_file()
             if done or latest_checkpoint(self.run_dir) is None:  # a checkpoint holds the newer adapter anyway

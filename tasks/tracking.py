@@ -151,13 +151,17 @@ def artifact_exists(run_id: str, path: str) -> bool:
     return path in names
 
 
-def find_run(experiment: str, tag: str, value: str) -> str | None:
-    """Id of the newest run of the experiment with tag == value, or None."""
+def find_run(experiment: str | None, tag: str, value: str) -> str | None:
+    """Id of the newest run with tag == value in the experiment (or in any experiment), or None."""
     client = configure()
-    experiment_obj = client.get_experiment_by_name(experiment)
-    if experiment_obj is None:
+    if experiment is None:
+        ids = [e.experiment_id for e in client.search_experiments()]
+    else:
+        found = client.get_experiment_by_name(experiment)
+        ids = [found.experiment_id] if found else []
+    if not ids:
         return None
-    runs = client.search_runs([experiment_obj.experiment_id], filter_string=f"tags.`{tag}` = '{value}'",
+    runs = client.search_runs(ids, filter_string=f"tags.`{tag}` = '{value}'",
                               order_by=["attributes.start_time DESC"], max_results=1)
     return runs[0].info.run_id if runs else None
 
@@ -216,6 +220,8 @@ def log_training_plots(run_id: str) -> list[str]:
 
 REWARD_KEY = "reward"
 """The trainer's mean total reward per step (TRL's name)."""
+VALIDATION_KEY = "eval/qa_score"
+"""The validation score the best checkpoint and the champion are chosen by (the QA score, r1's metric)."""
 
 
 def summarize(run_id: str) -> str:
@@ -229,24 +235,27 @@ def summarize(run_id: str) -> str:
     if REWARD_KEY in run.data.metrics:
         key, series = REWARD_KEY, metric_series(run_id, REWARD_KEY)
         lines.append(f"{key}: start {series[0][1]:.4f} (step {series[0][0]}) -> end {series[-1][1]:.4f} (step {series[-1][0]})")
-    for label, tag in (("checkpoint:", "memalpha.last_checkpoint"), ("best:", "memalpha.best_checkpoint"),
-                       ("model:", "memalpha.registered_model")):
+    if VALIDATION_KEY in run.data.metrics:
+        step, value = metric_series(run_id, VALIDATION_KEY)[-1]
+        lines.append(f"validation:  {VALIDATION_KEY} {value:.4f} at step {step}")
+    for label, tag in (("run folder:", "memalpha.run_dir"), ("checkpoint:", "memalpha.last_checkpoint"),
+                       ("best:", "memalpha.best_checkpoint"), ("model:", "memalpha.registered_model")):
         if tag in tags:
             lines.append(f"{label:<12} {tags[tag]}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m tasks.tracking summary --flow-run-id ID [--experiment NAME]`."""
+    """`python -m tasks.tracking summary --flow-run-id ID [--experiment NAME]` (used by infra/train.sh)."""
     parser = argparse.ArgumentParser(prog="python -m tasks.tracking")
     sub = parser.add_subparsers(dest="command", required=True)
     summary = sub.add_parser("summary", help="summarize the training run of a Prefect flow run")
     summary.add_argument("--flow-run-id", required=True)
-    summary.add_argument("--experiment", default="memalpha")
+    summary.add_argument("--experiment", help="MLflow experiment (default: search all)")
     args = parser.parse_args(argv)
     run_id = find_run(args.experiment, "prefect.flow_run_id", args.flow_run_id)
     if run_id is None:
-        print(f"no MLflow run in experiment {args.experiment!r} is tagged with flow run {args.flow_run_id}", file=sys.stderr)
+        print(f"no MLflow run is tagged with flow run {args.flow_run_id}", file=sys.stderr)
         return 1
     print(summarize(run_id))
     return 0

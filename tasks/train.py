@@ -76,7 +76,6 @@ def open_run(config: RunConfig, run_dir: str, tags: dict[str, str], parent_run_i
     all_tags = {**tags, "memalpha.run_dir": str(path), "memalpha.training_hash": config.training_hash()}
     run_id = tracking.create_run(config.tracking.experiment, config.name, config.flat(), all_tags, parent_run_id)
     id_file.write_text(run_id + "\n")
-    mlflow.set_tracking_uri(tracking.tracking_uri())
     tracking.configure().log_text(run_id, config.model_dump_json(indent=2), "config/run_config.json")
     return run_id
 
@@ -162,10 +161,6 @@ def _update_best(run_dir: Path, run_id: str, step: int, metrics: dict[str, float
                                    "memalpha.best_step": step})
 
 
-VALIDATION_KEY = "eval/qa_score"
-"""The validation score the best checkpoint and the champion are chosen by (the QA score, r1's metric)."""
-
-
 def publish_block(config: RunConfig, run_dir: Path, run_id: str, first: int, last: int, checkpoint: Path) -> int:
     """Log staged steps first..last that MLflow lacks (artifacts, then the metric batch), then the checkpoint."""
     client = tracking.configure()
@@ -191,7 +186,7 @@ def publish_block(config: RunConfig, run_dir: Path, run_id: str, first: int, las
             _log_trace(run_id, json.loads((folder / "trace.json").read_text()), step)
         # metrics last: once the sentinel is in, the step counts as published
         tracking.log_step_metrics(run_id, step, record["metrics"], record["time_ms"])
-        _update_best(run_dir, run_id, step, record["metrics"], VALIDATION_KEY)
+        _update_best(run_dir, run_id, step, record["metrics"], tracking.VALIDATION_KEY)
         published += 1
     client.log_artifacts(run_id, str(checkpoint), f"checkpoints/{checkpoint.name}")
     tracking.set_tags(run_id, {"memalpha.last_checkpoint": str(checkpoint)})
@@ -212,6 +207,8 @@ def warm_start(config: RunConfig, run_dir: str, run_id: str) -> str | None:
     started = time.perf_counter()
     Trainer(config, Path(run_dir))
     adapter = Path(run_dir) / SFT_DIR
+    if not adapter.is_dir():  # a re-run past the first checkpoint: the checkpoints hold newer weights
+        return None
     client = tracking.configure()
     if not tracking.artifact_exists(run_id, "sft"):
         client.log_artifacts(run_id, str(adapter), "sft")
@@ -306,7 +303,7 @@ def register_model(config: RunConfig, run_dir: str, run_id: str, checkpoint: str
     version = str(info.registered_model_version)
     run = client.get_run(run_id)
     final_metrics = run.data.metrics
-    key = VALIDATION_KEY
+    key = tracking.VALIDATION_KEY
     score = final_metrics.get(key)
     client.set_model_version_tag(name, version, "run_id", run_id)
     if score is not None:

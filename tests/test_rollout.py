@@ -8,16 +8,11 @@ import torch
 from memalpha.config import load_config
 from memalpha.data.io import write_dataset
 from memalpha.data.schema import Instance, Question
-from memalpha.grpo import completion_logps
-from memalpha.memory.schema import get_schema
-from memalpha.memory.store import MemoryStore
 from memalpha.models.policy import load_policy
 from memalpha.models.readers import make_reader
-from memalpha.prompts import render_writer_prompt
 from memalpha.rollout import collect_rollouts, truncate_instance
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
-TAUGHT = '{"name": "memory_insert", "arguments": {"memory_type": "semantic", "content": "Priya is allergic to hazelnuts."}}'
 PEOPLE = ["Priya", "Javier", "Clara", "Hiro", "Ines", "Luca", "Maya", "Oscar"]
 
 
@@ -27,7 +22,7 @@ def tiny_config(data_dir, *overrides):
 
 
 def make_instances() -> list[Instance]:
-    """Short two-or-three-chunk dialogues; the first half ask about the fact the taught call stores."""
+    """Short two-or-three-chunk dialogues with one question each; the last two are held out."""
     out = []
     for i, name in enumerate(PEOPLE):
         fact = "hazelnuts" if i % 2 == 0 else "peanuts"
@@ -45,41 +40,18 @@ def make_dataset(folder: Path) -> Path:
     return folder
 
 
-def teach(policy, config, steps: int = 40, target_logp: float = -0.7) -> None:
-    """Supervised steps on one fixed tool call until its sequence log-prob reaches `target_logp`, so
-    sampling sometimes writes it exactly and sometimes not (rewards then differ within groups)."""
-    tok = policy.tokenizer
-    schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
-    prompts = [
-        render_writer_prompt(tok, MemoryStore(schema, policy.count_tokens), inst.chunks[0], config.memory)
-        for inst in make_instances()[:4]
-    ]
-    completion = tok(TAUGHT, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    rows = [tok(p, add_special_tokens=False)["input_ids"] + completion for p in prompts]
-    ids = torch.tensor(rows) if len({len(r) for r in rows}) == 1 else None
-    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-2)
-    policy.model.train()
-    for _ in range(steps):
-        total = 0.0
-        optimizer.zero_grad()
-        for row in rows:
-            ids = torch.tensor([row])
-            logps, _ = completion_logps(policy.model, ids, torch.ones_like(ids), len(completion), 1.0)
-            (-logps.sum() / len(rows)).backward()
-            total += float(logps.sum()) / len(rows)
-        if total > target_logp:
-            break
-        optimizer.step()
-    policy.model.eval()
-
-
 @pytest.fixture(scope="session")
-def taught_adapter(tmp_path_factory) -> Path:
-    """A tiny-model LoRA adapter that writes a valid call with moderate probability."""
-    folder = tmp_path_factory.mktemp("taught")
+def random_adapter(tmp_path_factory) -> Path:
+    """A tiny-model LoRA adapter with random (non-zero) B matrices, so the policy differs from the
+    reference (adapters off) and a KL term has a gradient."""
+    folder = tmp_path_factory.mktemp("adapter")
     config = tiny_config(folder / "data")
     policy = load_policy(config.model, seed=config.grpo.seed)
-    teach(policy, config)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in policy.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
     return policy.save_adapter(folder / "adapter")
 
 
@@ -92,9 +64,9 @@ def _policy(config, adapter):
     return load_policy(config.model, adapter=adapter, seed=config.grpo.seed)
 
 
-def test_one_generate_call_per_chunk_position(dataset, taught_adapter):
+def test_one_generate_call_per_chunk_position(dataset, random_adapter):
     config = tiny_config(dataset, "data.max_chunks_per_instance=0")
-    policy = _policy(config, taught_adapter)
+    policy = _policy(config, random_adapter)
     instances = make_instances()[:3]  # 3, 2 and 2 chunks
     batch = collect_rollouts(policy, instances, config, num_generations=4, generator=torch.Generator().manual_seed(0),
                              reader=make_reader(config.model))
@@ -110,9 +82,9 @@ def test_one_generate_call_per_chunk_position(dataset, taught_adapter):
     assert batch.generated_tokens == sum(len(s.completion_ids) for s in batch.samples)
 
 
-def test_rewards_follow_the_memory_and_are_shared_within_a_rollout(dataset, taught_adapter):
+def test_rewards_follow_the_memory_and_are_shared_within_a_rollout(dataset, random_adapter):
     config = tiny_config(dataset)
-    policy = _policy(config, taught_adapter)
+    policy = _policy(config, random_adapter)
     batch = collect_rollouts(policy, make_instances()[:2], config, num_generations=4,
                              generator=torch.Generator().manual_seed(1), reader=make_reader(config.model))
     G = 4
@@ -127,14 +99,12 @@ def test_rewards_follow_the_memory_and_are_shared_within_a_rollout(dataset, taug
             assert s.reward.r2 == (ok / len(s.results) if s.results else 0.0)
             b = s.reward
             assert b.total == pytest.approx(b.r1 + b.r2 + config.reward.beta * b.r3 + config.reward.gamma * b.r4)
-    rewards = [s.reward.total for s in batch.samples]
-    assert max(rewards) > min(rewards)  # the taught adapter succeeds only sometimes
     assert batch.trace["span_type"] == "AGENT" and batch.trace["children"][0]["children"][0]["name"] == "generate"
 
 
-def test_rollouts_are_reproducible_from_the_generator(dataset, taught_adapter):
+def test_rollouts_are_reproducible_from_the_generator(dataset, random_adapter):
     config = tiny_config(dataset)
-    policy = _policy(config, taught_adapter)
+    policy = _policy(config, random_adapter)
     reader = make_reader(config.model)
     runs = [
         collect_rollouts(policy, make_instances()[:2], config, num_generations=2,

@@ -136,8 +136,10 @@ def test_third_person():
 
 def test_persona_schema_writes_to_its_lists():
     store = MemoryStore(PERSONA_SCHEMA)
-    text, parsed, results = run(RuleWriter(PERSONA_SCHEMA), store, HEADER + "Maya: I work as a florist at Bluefin Media.")
+    text, parsed, results = run(RuleWriter(PERSONA_SCHEMA), store, HEADER + "Maya: I work as a florist at Bluefin Media.\nMaya: I drive a teal hatchback.")
     assert results and all(r.ok for r in results)
+    assert [e.content for e in store.entries("cognition_work")] == ["Maya works as a florist at Bluefin Media."]
+    assert [e.content for e in store.entries("resource_economic")] == ["Maya drives a teal hatchback."]
 
 
 def test_visible_ids_read_from_a_rendered_view():

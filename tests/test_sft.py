@@ -12,9 +12,10 @@ from memalpha.data.synth import SynthConfig, generate
 from memalpha.memory.schema import MEMALPHA_SCHEMA
 from memalpha.memory.store import MemoryStore
 from memalpha.models.policy import load_policy
-from memalpha.parsing import NOTHING_TO_STORE, parse_tool_calls
+from memalpha.parsing import parse_tool_calls
 from memalpha.prompts import render_writer_prompt
 from memalpha.retrieval import MemoryIndex
+from memalpha.rule_writer import RuleWriter, visible_ids
 from memalpha.sft import Demonstration, DemoStats, build_demonstrations, run_sft
 from memalpha.tools import execute_text
 
@@ -48,11 +49,7 @@ def test_demonstrations_match_rollout_prompts(config, instances):
         instance = by_id[demo.instance_id]
         store = MemoryStore(MEMALPHA_SCHEMA, policy.count_tokens)
         index = MemoryIndex(store, config.retrieval)
-        from memalpha.rule_writer import RuleWriter
-
         writer = RuleWriter(MEMALPHA_SCHEMA, max_completion_tokens=config.rollout.max_completion_length, count_tokens=policy.count_tokens)
-        from memalpha.rule_writer import visible_ids
-
         for t in range(demo.chunk_index):
             prompt = render_writer_prompt(policy.tokenizer, store, instance.chunks[t], config.memory, index.search)
             execute_text(store, writer.write(instance.chunks[t], store, visible_ids(prompt)), t)
@@ -88,7 +85,7 @@ def test_sft_on_tiny_model_reduces_loss_and_saves_adapter(tmp_path, config):
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
     result = run_sft(policy, demos, tmp_path / "warm", sft_cfg, max_steps=8)
     assert result.steps == 8 and len(result.losses) == 8
-    assert result.losses[-1] < result.losses[0] * 0.9
+    assert result.losses[-1] < result.losses[0] - 0.25  # same batch each step: a real decrease, not noise
     # only the adapter moved, and it was saved as safetensors
     changed = [n for n, p in policy.model.named_parameters() if p.requires_grad and not torch.equal(p, before[n])]
     assert changed and all("lora_" in n for n in changed)
@@ -105,19 +102,18 @@ def test_sft_on_tiny_model_reduces_loss_and_saves_adapter(tmp_path, config):
 
 
 def test_completion_only_loss_ignores_the_prompt(tmp_path, config, instances):
-    """Two demos with the same completion and different prompts: the trainer masks the prompts, so the
-    loss counts completion tokens only (TRL's num_tokens covers whole sequences, the loss does not)."""
+    """The prepared training rows carry labels on the completion (and the end-of-turn token) only."""
     from trl import SFTTrainer
 
     policy = load_policy(config.model)
     demos = build_demonstrations(instances, config, policy.tokenizer, count=2)
     from datasets import Dataset
 
-    from memalpha.sft import _sft_args
+    from memalpha.sft import sft_arguments
 
     trainer = SFTTrainer(
         model=policy.model,
-        args=_sft_args(config.sft, policy, tmp_path, 1, 0),
+        args=sft_arguments(config.sft, policy, tmp_path, 1, 0),
         train_dataset=Dataset.from_list([{"prompt": d.prompt, "completion": d.completion} for d in demos]),
         processing_class=policy.tokenizer,
     )
@@ -126,4 +122,14 @@ def test_completion_only_loss_ignores_the_prompt(tmp_path, config, instances):
     completion = policy.tokenizer(demos[0].completion, add_special_tokens=False)["input_ids"]
     assert labelled[: len(completion)] == completion  # exactly the completion (then the end-of-turn token)
     assert len(labelled) == len(completion) + 1
-    assert demos[0].completion != NOTHING_TO_STORE or labelled
+
+
+def test_micro_batches_accumulate_to_the_batch(tmp_path, config):
+    policy = load_policy(config.model)
+    from memalpha.sft import sft_arguments
+
+    args = sft_arguments(config.sft.model_copy(update={"batch_size": 8, "micro_batch_size": 2}), policy, tmp_path, None, 0)
+    assert args.per_device_train_batch_size == 2 and args.gradient_accumulation_steps == 4
+    assert args.use_cpu and not args.gradient_checkpointing and args.completion_only_loss
+    with pytest.raises(ValueError, match="multiple of sft.micro_batch_size"):
+        sft_arguments(config.sft.model_copy(update={"batch_size": 6, "micro_batch_size": 4}), policy, tmp_path, None, 0)

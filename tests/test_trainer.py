@@ -1,0 +1,131 @@
+"""The GRPO trainer with the tiny model: a step's outputs, checkpoints, exact resume, config-hash refusal."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from memalpha.cli import UserError
+from memalpha.trainer import METRICS_FILE, SFT_DIR, Trainer
+from test_rollout import make_dataset, random_adapter, tiny_config  # noqa: F401  (fixture re-export)
+
+VOLATILE = ("timing/", "throughput/")
+
+
+def _config(data_dir, *overrides):
+    # KL to the reference gives the update a real gradient even when all rewards tie (the random tiny
+    # model never writes a valid call), so the resume test covers optimizer and adapter state.
+    return tiny_config(data_dir, "sft.enabled=true", "grpo.kl_beta=0.5", "grpo.learning_rate=0.05",
+                       "grpo.checkpoint_every=2", "grpo.steps=3", *overrides)
+
+
+def _run_dir(tmp_path, adapter, name="run"):
+    run = tmp_path / name
+    (run / SFT_DIR).mkdir(parents=True)
+    for f in adapter.iterdir():
+        shutil.copy(f, run / SFT_DIR / f.name)  # an existing warm-start adapter is loaded, not retrained
+    return run
+
+
+def _stable(metrics):
+    return {k: v for k, v in metrics.items() if not k.startswith(VOLATILE)}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, random_adapter):  # noqa: F811
+    """An uninterrupted 3-step run with checkpoints at steps 2 and 3."""
+    tmp = tmp_path_factory.mktemp("trainer")
+    data = make_dataset(tmp / "data")
+    run = _run_dir(tmp, random_adapter)
+    trainer = Trainer(_config(data), run)
+    results = []
+    trainer.train(results.append)
+    return data, run, trainer, results
+
+
+def test_step_outputs_and_metric_names(finished):
+    _, run, trainer, results = finished
+    first = results[0]
+    assert [r.step for r in results] == [1, 2, 3] and trainer.step == 3
+    for key in ("reward", "reward_std", "rewards/r1/mean", "rewards/r4/mean", "frac_reward_zero_std", "loss", "kl",
+                "clip_ratio", "entropy", "grad_norm", "learning_rate", "completions/mean_length",
+                "completions/clipped_ratio", "tool_calls/per_chunk", "tool_calls/success_rate",
+                "tool_calls/memory_insert", "memory/tokens", "memory/entries", "timing/generate_s",
+                "timing/reward_s", "timing/update_s", "throughput/generated_tokens_per_s"):
+        assert key in first.metrics, key
+    # B=2 instances x G=2 rollouts x 2 chunks (max_chunks_per_instance=2)
+    assert first.samples.height == 8 and first.metrics["generate_calls"] == 2
+    assert {"instance", "instance_id", "rollout", "chunk", "prompt", "completion", "parsed_calls", "results",
+            "r1", "r2", "r3", "r4", "reward", "advantage"} <= set(first.samples.columns)
+    assert len(first.memories) == 4 and first.trace["name"] == "rollout"
+    assert first.metrics["kl"] > 0 and first.metrics["grad_norm"] > 0
+    lines = [json.loads(x) for x in (run / METRICS_FILE).read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3]
+    assert results[0].metrics["learning_rate"] < results[1].metrics["learning_rate"]  # warmup_steps=1
+
+
+def test_checkpoint_contents_and_updates_change_the_adapter(finished):
+    _, run, _, _ = finished
+    steps = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert steps == ["step-000002", "step-000003"]
+    ckpt = run / "checkpoints" / "step-000002"
+    for name in ("adapter/adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "state.json"):
+        assert (ckpt / name).is_file(), name
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["step"] == 2 and len(state["metrics"]) == 2 and state["data_position"]["position"] == 4
+    a = load_file(ckpt / "adapter" / "adapter_model.safetensors")
+    b = load_file(run / "checkpoints" / "step-000003" / "adapter" / "adapter_model.safetensors")
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_reproduces_the_uninterrupted_run(finished, tmp_path):
+    data, run, _, results = finished
+    copy = tmp_path / "resumed"
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "checkpoints" / "step-000003")
+    trainer = Trainer(_config(data), copy)
+    assert trainer.maybe_resume() and trainer.step == 2
+    result = trainer.train_step()
+    expected, got = _stable(results[2].metrics), _stable(result.metrics)
+    assert expected.keys() == got.keys()
+    for key in expected:
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
+    assert result.samples["completion"].to_list() == results[2].samples["completion"].to_list()
+    assert [json.loads(x)["step"] for x in (copy / METRICS_FILE).read_text().splitlines()] == [1, 2, 3]
+
+
+def test_resume_refuses_a_changed_training_config(finished):
+    data, run, _, _ = finished
+    changed = Trainer(_config(data, "grpo.epsilon=0.3"), run)
+    with pytest.raises(UserError, match=r"grpo\.epsilon"):
+        changed.maybe_resume()
+    assert Trainer(_config(data, "grpo.epsilon=0.3"), run, force=True).maybe_resume()
+    # more steps is not a different training computation
+    assert Trainer(_config(data, "grpo.steps=5"), run).maybe_resume()
+
+
+def test_evaluate_is_greedy_and_does_not_touch_training_randomness(finished):
+    _, _, trainer, _ = finished
+    state = trainer.generator.get_state()
+    first, second = trainer.evaluate(), trainer.evaluate()
+    assert torch.equal(state, trainer.generator.get_state())
+    assert _stable(first) == _stable({**second, "eval/seconds": first["eval/seconds"]})
+    assert first["eval/instances"] == 2 and "eval/qa_score" in first
+
+
+@pytest.mark.slow
+def test_one_real_step_with_the_default_model(tmp_path):
+    from memalpha.config import load_config
+
+    data = make_dataset(tmp_path / "data")
+    config = load_config(None, [
+        f"data.train_path={data}", "sft.enabled=false", "rollout.instances_per_step=1", "rollout.num_generations=2",
+        "rollout.max_completion_length=24", "data.max_chunks_per_instance=1", "grpo.kl_beta=0.1",
+    ])
+    trainer = Trainer(config, tmp_path / "run")
+    result = trainer.train_step()
+    assert result.samples.height == 2 and result.metrics["completions/mean_length"] > 0
+    assert result.metrics["throughput/generated_tokens_per_s"] > 0
+    assert trainer.save_checkpoint().is_dir()
