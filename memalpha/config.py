@@ -121,23 +121,33 @@ class RolloutConfig(_Section):
     num_generations: int = Field(4, ge=1)
     """G: rollouts per instance (the paper uses 8)."""
     max_completion_length: int = Field(128, ge=8)
+    """Most tokens the writer may generate for one chunk (also the dr_grpo loss normaliser)."""
     temperature: float = Field(1.0, gt=0)
+    """Sampling temperature; log-probs for the importance ratio use logits / temperature, as TRL."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling threshold (1 = off)."""
     max_prompt_tokens: int = Field(1536, ge=64)
+    """Longer writer prompts keep their last tokens (counted in prompts/truncated_ratio)."""
 
 
 class GRPOConfig(_Section):
     steps: int = Field(20, ge=0)
+    """GRPO steps of the run (not part of the training hash: a run can be extended)."""
     learning_rate: float = Field(1e-4, gt=0)
+    """AdamW learning rate of the LoRA parameters."""
     warmup_steps: int = Field(2, ge=0)
+    """Linear warmup over this many steps (factor (s+1)/(warmup+1)), then constant."""
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
+    """Gradient clipping threshold (global L2 norm)."""
     epsilon: float = Field(0.2, gt=0)
     """Lower clip range of the importance ratio."""
     epsilon_high: float | None = None
     """Upper clip range; defaults to epsilon."""
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = "grpo"
+    """Token aggregation of the loss, as TRL 1.16 (see memalpha/grpo.py)."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Divide advantages by the group's std, the batch's std, or not at all (TRL)."""
     advantage_grouping: Literal["instance", "chunk"] = "instance"
     """Normalise over all chunk-samples of an instance's group (paper) or per chunk position."""
     kl_beta: float = Field(0.0, ge=0)
@@ -145,9 +155,12 @@ class GRPOConfig(_Section):
     num_iterations: int = Field(1, ge=1)
     """Inner epochs over the same rollouts."""
     micro_batch_size: int = Field(4, ge=1)
+    """Samples per forward/backward pass; gradients accumulate over the step's micro-batches."""
     checkpoint_every: int = Field(5, ge=1)
     eval_every: int = Field(10, ge=1)
+    """Held-out evaluation (greedy, validation split) every this many steps and at the end."""
     seed: int = 0
+    """Seeds data order, LoRA init, sampling and every RNG saved in checkpoints."""
 
 
 class SFTConfig(_Section):

@@ -164,14 +164,20 @@ def dataset(stack):
     return tmp / "data"
 
 
-def test_train_deployment_resumes_after_injected_failure(stack, dataset):
+@pytest.fixture(scope="module")
+def trained(stack, dataset) -> str:
+    """Flow run id of a `grpo/train` run on the tiny config (a failure is injected after step 3)."""
+    started = time.time()
+    flow_run_id = run_deployment(stack, "grpo/train", {"config": tiny_config(stack["tmp"])})
+    print(f"grpo/train took {time.time() - started:.0f} s")
+    return flow_run_id
+
+
+def test_train_deployment_resumes_after_injected_failure(stack, trained):
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    env, tmp = stack["env"], stack["tmp"]
-    started = time.time()
-    flow_run_id = run_deployment(stack, "grpo/train", {"config": tiny_config(tmp)})
-    print(f"grpo/train took {time.time() - started:.0f} s")
+    env, flow_run_id = stack["env"], trained
 
     # Prefect: the block holding step 3 failed once, and both attempts resumed from the step-2 checkpoint
     messages: list[str] = []
@@ -244,3 +250,21 @@ def test_sweep_logs_child_runs_under_one_parent(stack, dataset):
     assert parent.data.tags["memalpha.children"].count(",") == 1
     for child in children:  # sweep runs are compared, not registered
         assert not client.search_model_versions(f"run_id = '{child.info.run_id}'")
+
+
+def test_nightly_evaluates_the_champion(stack, trained):
+    from mlflow.tracking import MlflowClient
+
+    config = tiny_config(stack["tmp"])
+    config["eval"].update({"data_path": config["data"]["train_path"], "split": "validation",
+                           "methods": ["policy", "no_memory"], "max_instances": 2})
+    flow_run_id = run_deployment(stack, "evaluate/nightly", {"config": config})
+
+    client = MlflowClient(stack["env"]["MLFLOW_TRACKING_URI"])
+    champion = client.get_model_version_by_alias("integration-policy", "champion")
+    experiment = client.get_experiment_by_name("integration-nightly")
+    (run,) = client.search_runs([experiment.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
+    assert run.data.tags["memalpha.model"] == f"integration-policy v{champion.version}"
+    assert run.data.tags["prefect.deployment"] == "nightly" and run.data.tags["memalpha.regressed"] == "False"
+    assert {"policy/score", "no_memory/score"} <= set(run.data.metrics)
+    assert {"report/results.md", "report/regression.md"} <= {a.path for a in client.list_artifacts(run.info.run_id, "report")}

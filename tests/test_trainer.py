@@ -129,3 +129,19 @@ def test_one_real_step_with_the_default_model(tmp_path):
     assert result.samples.height == 2 and result.metrics["completions/mean_length"] > 0
     assert result.metrics["throughput/generated_tokens_per_s"] > 0
     assert trainer.save_checkpoint().is_dir()
+
+
+def test_train_cli_writes_checkpoints_metrics_and_refuses_a_changed_config(tmp_path, capsys):
+    from test_rollout import CONFIG
+
+    from memalpha.cli import main
+
+    data = make_dataset(tmp_path / "data")
+    args = ["train", "--config", str(CONFIG), "--set", f"data.train_path={data}", "--set", "sft.enabled=false",
+            "--set", f"output_dir={tmp_path / 'run'}", "--set", "grpo.steps=2", "--set", "grpo.eval_every=2"]
+    assert main(args) == 0
+    lines = [json.loads(x) for x in (tmp_path / "run" / METRICS_FILE).read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 2] and "eval/qa_score" in lines[-1]
+    assert (tmp_path / "run" / "checkpoints" / "step-000002" / "state.json").is_file()
+    assert main(args + ["--set", "grpo.learning_rate=0.5"]) == 2
+    assert "grpo.learning_rate" in capsys.readouterr().err
