@@ -167,3 +167,15 @@ def test_length_generalisation_grows_inputs(config):
     metrics = result.metrics()
     assert metrics["no_memory/length_3x/score"] == 0.0
     assert {"long_context/length_1x/score", "long_context/length_3x/memory_tokens"} <= set(metrics)
+
+
+def test_every_context_respects_the_same_budget(config):
+    from memalpha.evaluation.methods import EvalEnv, make_method
+    from memalpha.evaluation.runner import _counter, policy_tokenizer
+
+    tight = config.model_copy(update={"memory": config.memory.model_copy(update={"reader_view_tokens": 64})})
+    count = _counter(policy_tokenizer(tight)[0])
+    env = EvalEnv(tight, count)
+    for name in ("no_memory", "long_context", "rag_top2", "rule_writer"):
+        for built in make_method(name, env).build(_instances(), seed=0):
+            assert all(count(context) <= 64 for context in built.contexts), name

@@ -195,7 +195,8 @@ class RagTopK(Method):
                     text, _ = truncate_to_tokens(inst.chunks[position], room, count)
                     chosen[position] = text
                     used += count(text) + 1
-                contexts.append("\n\n".join(chosen[p] for p in sorted(chosen)))
+                joined = "\n\n".join(chosen[p] for p in sorted(chosen))
+                contexts.append(truncate_to_tokens(joined, self.env.budget, count)[0])
             built.append(Built(contexts=contexts, memory_tokens=sum(count(c) for c in inst.chunks)))
         return built
 
