@@ -191,7 +191,7 @@ class EvalConfig(_Section):
     ] = ["policy", "base", "rule_writer", "rag_top2", "long_context", "no_memory"]
     """Methods compared (see docs/EVALUATION.md); `policy` needs a model, `sft` needs `sft_adapter`."""
     max_instances: int = Field(8, ge=0)
-    """Evaluate the first N instances of the split (0 = all)."""
+    """Evaluate N instances of the split, taken round-robin over competencies (0 = all)."""
     seeds: list[int] = Field([0], min_length=1)
     """Seeds of sampled decoding; with greedy decoding (temperature 0) only the first is used."""
     temperature: float = Field(0.0, ge=0)

@@ -179,3 +179,14 @@ def test_every_context_respects_the_same_budget(config):
     for name in ("no_memory", "long_context", "rag_top2", "rule_writer"):
         for built in make_method(name, env).build(_instances(), seed=0):
             assert all(count(context) <= 64 for context in built.contexts), name
+
+
+def test_instance_cap_alternates_competencies():
+    from memalpha.evaluation.runner import stratified
+
+    def inst(i, competency):
+        return Instance(f"i{i}", "s", competency, ["c"], [], split="test")
+
+    pool = [inst(0, "a"), inst(1, "a"), inst(2, "a"), inst(3, "b"), inst(4, "c"), inst(5, "b")]
+    assert [i.instance_id for i in stratified(pool, 4)] == ["i0", "i3", "i4", "i1"]
+    assert len(stratified(pool, 10)) == 6

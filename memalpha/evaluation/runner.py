@@ -28,7 +28,8 @@ Progress = Callable[[str], None]
 
 
 def load_instances(config: RunConfig, data_dir: str | Path | None = None) -> list[Instance]:
-    """The configured split of the dataset, first `eval.max_instances` of it (0 = all)."""
+    """The configured split of the dataset; with `eval.max_instances` (0 = all), that many instances
+    taken round-robin over competencies (in dataset order within each), so every competency is shown."""
     path = Path(data_dir or config.eval.data_path)
     instances = read_dataset(path)
     split = config.eval.split
@@ -37,7 +38,18 @@ def load_instances(config: RunConfig, data_dir: str | Path | None = None) -> lis
         found = sorted({inst.split or "(none)" for inst in instances})
         raise UserError(f"{path}: no instance in split {split!r} (splits present: {', '.join(found)}); set eval.split")
     limit = config.eval.max_instances
-    return chosen[:limit] if limit else chosen
+    return stratified(chosen, limit) if limit else chosen
+
+
+def stratified(instances: list[Instance], limit: int) -> list[Instance]:
+    """`limit` instances, alternating over competencies (in order of first appearance), each in dataset order."""
+    groups: dict[str, list[Instance]] = {}
+    for inst in instances:
+        groups.setdefault(inst.competency, []).append(inst)
+    picked: list[Instance] = []
+    for rank in range(max(len(group) for group in groups.values())):
+        picked.extend(group[rank] for group in groups.values() if rank < len(group))
+    return picked[:limit]
 
 
 def policy_tokenizer(config: RunConfig) -> tuple[Any, str]:
