@@ -20,6 +20,7 @@ export GX_ANALYTICS_ENABLED=false
 export HF_HUB_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1  # flow runs' prints (e.g. SFT progress) reach runner.log as they happen
 
 mkdir -p "$STATE" "$PREFECT_HOME" "$REPO/mlruns/artifacts"
 
