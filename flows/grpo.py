@@ -21,8 +21,8 @@ def run_dir_for(config: RunConfig, flow_run_id: str) -> Path:
 
 
 def mark_mlflow_run_crashed(flow, flow_run, state) -> None:
-    """on_crashed hook (run by the runner when the flow's process died, e.g. OOM-killed): the MLflow run
-    would otherwise stay RUNNING forever."""
+    """on_crashed / on_cancellation hook, run by the runner when the flow's process died (e.g. OOM-killed)
+    or was cancelled: the MLflow run would otherwise stay RUNNING forever."""
     config = flow_run.parameters.get("config") or default_config()
     if isinstance(config, dict):
         config = RunConfig.model_validate(config)
@@ -33,7 +33,7 @@ def mark_mlflow_run_crashed(flow, flow_run, state) -> None:
         tracking.configure().set_terminated(run_id, status="KILLED")
 
 
-@flow(name="grpo", on_crashed=[mark_mlflow_run_crashed])
+@flow(name="grpo", on_crashed=[mark_mlflow_run_crashed], on_cancellation=[mark_mlflow_run_crashed])
 def grpo(config: RunConfig = default_config(), parent_run_id: str | None = None, register_adapter: bool = True) -> dict:
     """Train the memory writer with GRPO on `config`; returns the MLflow run id, checkpoint and model."""
     logger = get_run_logger()

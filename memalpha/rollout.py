@@ -16,12 +16,12 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from memalpha.config import RunConfig
-from memalpha.data.schema import QUESTION_TYPES, Instance
+from memalpha.data.schema import Instance
 from memalpha.generation import generate
 from memalpha.memory.schema import get_schema
 from memalpha.memory.store import MemoryStore
 from memalpha.memory.views import reader_view
-from memalpha.metrics import QUESTION_TYPE_METRIC, score_answer
+from memalpha.metrics import score_answer
 from memalpha.models.readers import ReaderItem
 from memalpha.parsing import ParseResult
 from memalpha.prompts import render_writer_prompt
@@ -171,7 +171,7 @@ def _score(batch, per_rollout, owners, indexes, chunks, config: RunConfig, reade
     batch.answers = [[] for _ in owners]
     for item, prediction, r in zip(items, predictions, where):
         q = item.question
-        score = score_answer(prediction, q.answers, _metric_type(q.question_type), q.superseded_answers,
+        score = score_answer(prediction, q.answers, q.question_type, q.superseded_answers,
                              metric=config.reward.qa_metric, question=q.question)
         batch.answers[r].append({"question": q.question, "prediction": prediction, "answers": q.answers, "score": score})
     batch.qa_scores = [sum(a["score"] for a in answers) / len(answers) if answers else 0.0 for answers in batch.answers]
@@ -188,12 +188,6 @@ def _score(batch, per_rollout, owners, indexes, chunks, config: RunConfig, reade
         )
         for sample, reward in zip(samples, rewards):
             sample.reward = reward
-
-
-def _metric_type(question_type: str) -> str:
-    """The question type score_answer knows: fine-grained types (single_hop, ...) fall back to their
-    competency (metrics.QUESTION_TYPE_METRIC lists competencies; data.QUESTION_TYPES maps types to them)."""
-    return question_type if question_type in QUESTION_TYPE_METRIC else QUESTION_TYPES.get(question_type, question_type)
 
 
 def rollout_trace(batch: RolloutBatch, samples: list[Sample], r: int) -> dict:

@@ -330,8 +330,8 @@ class Trainer:
     # ---- evaluation ------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, split: str = "validation") -> dict[str, float]:
-        """Greedy rollouts (G=1) on up to eval.max_instances held-out instances: eval/* metrics."""
-        instances = self.data.get(split, [])[: self.config.eval.max_instances]
+        """Greedy rollouts (G=1) on up to eval.max_instances held-out instances (0 = all): eval/* metrics."""
+        instances = self.data.get(split, [])[: self.config.eval.max_instances or None]
         if not instances:
             raise UserError(f"{self.config.data.train_path}: no {split!r} instances to evaluate on")
         started = time.perf_counter()
