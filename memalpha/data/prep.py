@@ -1,0 +1,101 @@
+"""The prep pipeline as plain functions, one per step, so an orchestrator can call them one by one:
+load -> chunk -> validate -> split -> write. `prepare` and `synthesize` chain them."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memalpha.data.chunking import TokenCounts
+from memalpha.data.io import write_dataset
+from memalpha.data.loaders import Loaded, load_source, to_instance
+from memalpha.data.schema import DataError, Instance
+from memalpha.data.splits import assign_splits
+from memalpha.data.synth import GENERATOR, SynthConfig, config_dict, generate
+from memalpha.data.validation import Limits, Reader, ValidationResult, validate
+
+
+@dataclass
+class PrepSummary:
+    """What a pipeline run produced."""
+
+    out_dir: Path
+    counts: dict[str, int]
+    split_counts: dict[str, int]
+    rejected_by_check: dict[str, int]
+    notes: list[str] = field(default_factory=list)
+
+
+def load_step(source: str, path: str | Path) -> Loaded:
+    """Read the input in its own format."""
+    return load_source(source, path)
+
+
+def chunk_step(loaded: Loaded, tokenizer: Any, chunk_tokens: int, progress: bool = False) -> list[Instance]:
+    """Chunk raw instances with the policy's tokenizer; pre-chunked instances pass through."""
+    from tqdm.auto import tqdm
+
+    counter = tokenizer if isinstance(tokenizer, TokenCounts) else TokenCounts(tokenizer)
+    items = tqdm(loaded.items, desc="chunking", unit="inst", disable=not progress)
+    return [to_instance(item, counter, chunk_tokens) for item in items]
+
+
+def validate_step(instances: list[Instance], tokenizer: Any, limits: Limits, reader: Reader | None = None,
+                  progress: bool = False) -> ValidationResult:
+    """Expectation suite + semantic checks (+ the closed-book filter when a reader is given)."""
+    return validate(instances, tokenizer, limits, reader, progress)
+
+
+def split_step(instances: list[Instance], ratios: list[float], seed: int) -> list[Instance]:
+    """Assign train/validation/test by instance (existing valid splits are kept)."""
+    return assign_splits(instances, ratios, seed)
+
+
+def write_step(out_dir: str | Path, instances: list[Instance], result: ValidationResult, manifest: dict[str, Any],
+               drop_invalid: bool = False, overwrite: bool = False, origins: dict[str, str] | None = None) -> Path:
+    """Write the folder, or fail listing the problems (nothing is written) unless drop_invalid."""
+    if result.errors and not drop_invalid:
+        raise DataError(f"{len(result.errors)} problem(s) in the input; nothing was written "
+                        f"(use --drop-invalid to drop the bad rows):\n{result.describe_errors(origins)}")
+    if not instances:
+        raise DataError("no valid instances left; nothing was written:\n" + result.describe_errors(origins))
+    return write_dataset(out_dir, instances, rejected=result.rejected, report_md=result.report_markdown(),
+                         report_html=result.report_html(), manifest=manifest, overwrite=overwrite)
+
+
+def _finish(out_dir, instances, result, manifest, data_cfg, drop_invalid, overwrite, origins, notes) -> PrepSummary:
+    instances = split_step(instances, data_cfg.split_ratios, data_cfg.split_seed)
+    split_counts = dict(sorted(Counter(i.split for i in instances).items()))
+    result.notes.extend(notes)
+    manifest = {**manifest, "counts": result.counts, "split_counts": split_counts,
+                "split_seed": data_cfg.split_seed, "split_ratios": list(data_cfg.split_ratios),
+                "rejected_by_check": result.check_counts, "notes": result.notes,
+                "limits": asdict(Limits.from_config(data_cfg))}
+    path = write_step(out_dir, instances, result, manifest, drop_invalid, overwrite, origins)
+    return PrepSummary(path, result.counts, split_counts, result.check_counts, result.notes)
+
+
+def prepare(source: str, path: str | Path, out_dir: str | Path, *, tokenizer: Any, tokenizer_name: str, data_cfg,
+            chunk_tokens: int | None = None, drop_invalid: bool = False, overwrite: bool = False,
+            reader: Reader | None = None, progress: bool = False) -> PrepSummary:
+    """`memalpha data prep`: load -> chunk -> validate -> split -> write."""
+    counter = TokenCounts(tokenizer)
+    chunk_tokens = chunk_tokens or data_cfg.chunk_tokens
+    loaded = load_step(source, path)
+    instances = chunk_step(loaded, counter, chunk_tokens, progress)
+    result = validate_step(instances, counter, Limits.from_config(data_cfg), reader, progress)
+    manifest = {"source": source, "input": str(path), "tokenizer": tokenizer_name, "chunk_tokens": chunk_tokens}
+    return _finish(out_dir, result.valid, result, manifest, data_cfg, drop_invalid, overwrite, loaded.origins, loaded.notes)
+
+
+def synthesize(out_dir: str | Path, synth_cfg: SynthConfig, *, tokenizer: Any, tokenizer_name: str, data_cfg,
+               overwrite: bool = False, progress: bool = False) -> PrepSummary:
+    """`memalpha data synth`: generate -> validate -> split -> write."""
+    counter = TokenCounts(tokenizer)
+    instances = generate(synth_cfg, counter, progress)
+    result = validate_step(instances, counter, Limits.from_config(data_cfg), None, progress)
+    manifest = {"source": "synthetic", "generator": GENERATOR, "synth": config_dict(synth_cfg),
+                "tokenizer": tokenizer_name, "chunk_tokens": synth_cfg.chunk_tokens}
+    return _finish(out_dir, result.valid, result, manifest, data_cfg, False, overwrite, None, [])
