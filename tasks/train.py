@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -144,8 +145,16 @@ def _log_trace(run_id: str, trace: Any, step: int) -> None:
                 emit(child, False)
             span.set_outputs(node.get("outputs"))
 
-    emit(trace, True)
-    mlflow.flush_trace_async_logging()
+    # MLflow draws trace ids from the global `random`, which the trainer seeds and restores on resume:
+    # without fresh entropy a resumed block reuses (and overwrites) earlier traces' ids. The training
+    # RNG state is put back afterwards so tracing never changes what training samples.
+    training_state = random.getstate()
+    random.seed()
+    try:
+        emit(trace, True)
+        mlflow.flush_trace_async_logging()
+    finally:
+        random.setstate(training_state)
 
 
 def _update_best(run_dir: Path, run_id: str, step: int, metrics: dict[str, float], key: str) -> None:
