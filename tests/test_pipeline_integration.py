@@ -195,7 +195,7 @@ def test_train_deployment_resumes_after_injected_failure(stack, trained):
     assert all(run["state"]["type"] == "COMPLETED" for run in blocks.values())
 
     # MLflow: one run tagged with the flow run, every metric at every step exactly once
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"], registry_uri=env["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("integration")
     (run,) = client.search_runs([experiment.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
     assert run.info.status == "FINISHED"
@@ -240,7 +240,7 @@ def test_sweep_logs_child_runs_under_one_parent(stack, dataset):
     config["tracking"]["experiment"] = "integration-sweep"
     flow_run_id = run_deployment(stack, "sweep/sweep", {"config": config, "betas": [0.0, 0.2], "gammas": [0.1]})
 
-    client = MlflowClient(stack["env"]["MLFLOW_TRACKING_URI"])
+    client = MlflowClient(stack["env"]["MLFLOW_TRACKING_URI"], registry_uri=stack["env"]["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("integration-sweep")
     (parent,) = client.search_runs([experiment.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
     children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
@@ -260,7 +260,7 @@ def test_nightly_evaluates_the_champion(stack, trained):
                            "methods": ["policy", "no_memory"], "max_instances": 2})
     flow_run_id = run_deployment(stack, "evaluate/nightly", {"config": config})
 
-    client = MlflowClient(stack["env"]["MLFLOW_TRACKING_URI"])
+    client = MlflowClient(stack["env"]["MLFLOW_TRACKING_URI"], registry_uri=stack["env"]["MLFLOW_TRACKING_URI"])
     champion = client.get_model_version_by_alias("integration-policy", "champion")
     experiment = client.get_experiment_by_name("integration-nightly")
     (run,) = client.search_runs([experiment.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
