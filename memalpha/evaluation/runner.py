@@ -18,7 +18,7 @@ from memalpha.data.schema import Instance
 from memalpha.evaluation.methods import ALL_METHODS, Built, EvalEnv, Method, make_method
 from memalpha.evaluation.results import INSTANCE_COLUMNS, QUESTION_COLUMNS, EvalResult
 from memalpha.metrics import score_answer
-from memalpha.models.readers import Reader, ReaderItem, competency_of, make_reader
+from memalpha.models.readers import Reader, ReaderItem, make_reader
 from memalpha.rewards import compression
 from memalpha.tokens import TokenCounter, regex_token_count, tokenizer_counter
 
@@ -102,9 +102,8 @@ class _ReaderHolder:
 
 
 def _score(config: RunConfig, question, prediction: str) -> float:
-    # scored by competency: metrics' `auto` table knows the competencies, not every fine data type (single_hop, ...)
     return score_answer(
-        prediction, question.answers, competency_of(question), question.superseded_answers,
+        prediction, question.answers, question.question_type, question.superseded_answers,
         metric=config.reward.qa_metric, question=question.question,
     )
 
