@@ -119,11 +119,16 @@ def prepare_warm_start(config: RunConfig, run_dir: str | Path) -> Path | None:
     For pipelines that run the warm start as its own step; Trainer does the same on construction."""
     from memalpha.models.policy import load_policy
 
-    if not config.sft.enabled:
+    if not config.sft.enabled or not _needs_warm_start(Path(run_dir)):
         return None
     policy = load_policy(config.model, seed=config.grpo.seed)
     data = load_training_data(config, policy.tokenizer)
     return warm_start(config, Path(run_dir), policy, data["train"])
+
+
+def _needs_warm_start(run_dir: Path) -> bool:
+    """An existing adapter is reused; past the first checkpoint the checkpoint holds the newer adapter."""
+    return (run_dir / SFT_DIR / "adapter_model.safetensors").is_file() or latest_checkpoint(run_dir) is None
 
 
 class Trainer:
@@ -142,10 +147,8 @@ class Trainer:
         self.policy = load_policy(config.model, seed=cfg.seed)
         self.data = load_training_data(config, self.policy.tokenizer)
         self.warm_start_dir: Path | None = None
-        if config.sft.enabled:
-            done = (self.run_dir / SFT_DIR / "adapter_model.safetensors").is_file()
-            if done or latest_checkpoint(self.run_dir) is None:  # a checkpoint holds the newer adapter anyway
-                self.warm_start_dir = warm_start(config, self.run_dir, self.policy, self.data["train"])
+        if config.sft.enabled and _needs_warm_start(self.run_dir):
+            self.warm_start_dir = warm_start(config, self.run_dir, self.policy, self.data["train"])
         self.reader = make_reader(config.model, self.policy)
         self.judge = make_judge(config.model, self.policy) if config.reward.judge == "llm" else None
         seed_everything(cfg.seed)  # identical state whether the warm start ran now or was loaded

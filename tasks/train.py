@@ -206,17 +206,13 @@ def publish_block(config: RunConfig, run_dir: Path, run_id: str, first: int, las
 def warm_start(config: RunConfig, run_dir: str, run_id: str) -> str | None:
     """SFT warm start (rule-writer demonstrations + LoRA) when configured; returns the adapter folder.
 
-    Building the Trainer runs the warm start into <run_dir>/sft (or loads it when already there), so the
-    first GRPO block starts from it.
+    The adapter lands in <run_dir>/sft, where the first GRPO block's Trainer loads it.
     """
-    from memalpha.trainer import SFT_DIR, Trainer
+    from memalpha.trainer import prepare_warm_start
 
-    if not config.sft.enabled:
-        return None
     started = time.perf_counter()
-    Trainer(config, Path(run_dir))
-    adapter = Path(run_dir) / SFT_DIR
-    if not adapter.is_dir():  # a re-run past the first checkpoint: the checkpoints hold newer weights
+    adapter = prepare_warm_start(config, run_dir)
+    if adapter is None:  # disabled, or a re-run past the first checkpoint (it holds newer weights)
         return None
     client = tracking.configure()
     if not tracking.artifact_exists(run_id, "sft"):
