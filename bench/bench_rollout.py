@@ -2,7 +2,8 @@
 
 1. Generation throughput of `memalpha.generation.generate` on real writer prompts (synthetic
    accurate-retrieval chunks, empty memory): one batched call for B*G = 1, 8, 32 rollouts against the
-   same prompts one at a time. Every completion runs to `NEW_TOKENS` (no early stop), so all
+   same prompts one at a time, with the LoRA deltas merged as rollouts run them, and B*G = 8 once more
+   with the unmerged adapter. Every completion runs to `NEW_TOKENS` (no early stop), so all
    measurements generate the same number of tokens.
 2. Seconds per GRPO step of configs/default.yaml (without the warm start), split into generate,
    reward and update. The untrained policy never writes a valid call, so its rewards tie and the
@@ -44,12 +45,15 @@ def _prompts(policy, config, n: int) -> list[list[int]]:
     return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
-def _generate(policy, prompts, seed=0) -> tuple[int, float, float, float]:
+def _generate(policy, prompts, seed=0, merged=True) -> tuple[int, float, float, float]:
+    from contextlib import nullcontext
+
     from memalpha.generation import generate
 
     start = time.perf_counter()
-    out = generate(policy.model, prompts, max_new_tokens=NEW_TOKENS, eos_token_ids=[], temperature=1.0,
-                   pad_token_id=policy.tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed))
+    with policy.merged_adapter() if merged else nullcontext():
+        out = generate(policy.model, prompts, max_new_tokens=NEW_TOKENS, eos_token_ids=[], temperature=1.0,
+                       pad_token_id=policy.tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed))
     return out.num_tokens, time.perf_counter() - start, out.prefill_s, out.decode_s
 
 
@@ -62,14 +66,17 @@ def throughput(policy, config) -> dict[str, Any]:
         rows[f"batched_{n}"] = {"rollouts": n, "tokens": tokens, "seconds": round(seconds, 2),
                                 "prefill_s": round(prefill, 2), "decode_s": round(decode, 2),
                                 "tokens_per_s": round(tokens / seconds, 2)}
+    tokens, seconds, prefill, decode = _generate(policy, prompts[:8], merged=False)
+    rows["unmerged_8"] = {"rollouts": 8, "tokens": tokens, "seconds": round(seconds, 2), "prefill_s": round(prefill, 2),
+                          "decode_s": round(decode, 2), "tokens_per_s": round(tokens / seconds, 2)}
     tokens = seconds = 0.0
     for prompt in prompts[:SEQUENTIAL_PROMPTS]:
         t, s, _, _ = _generate(policy, [prompt])
         tokens, seconds = tokens + t, seconds + s
     rows["one_at_a_time"] = {"rollouts": SEQUENTIAL_PROMPTS, "tokens": int(tokens), "seconds": round(seconds, 2),
                              "tokens_per_s": round(tokens / seconds, 2)}
-    for n in BATCHES:
-        rows[f"batched_{n}"]["speedup_vs_one_at_a_time"] = round(rows[f"batched_{n}"]["tokens_per_s"] / rows["one_at_a_time"]["tokens_per_s"], 2)
+    for row in [rows[f"batched_{n}"] for n in BATCHES] + [rows["unmerged_8"]]:
+        row["speedup_vs_one_at_a_time"] = round(row["tokens_per_s"] / rows["one_at_a_time"]["tokens_per_s"], 2)
     rows["mean_prompt_tokens"] = round(sum(len(p) for p in prompts) / len(prompts), 1)
     return rows
 
@@ -132,6 +139,9 @@ def to_markdown(results: dict[str, Any]) -> str:
         row = gen[f"batched_{n}"]
         lines.append(f"| {n} | one batched call | {row['tokens_per_s']} | {row['seconds']} | {row['prefill_s']} | "
                      f"{row['decode_s']} | {row['speedup_vs_one_at_a_time']} |")
+    row = gen["unmerged_8"]
+    lines.append(f"| 8 | one batched call, unmerged LoRA | {row['tokens_per_s']} | {row['seconds']} | {row['prefill_s']} | "
+                 f"{row['decode_s']} | {row['speedup_vs_one_at_a_time']} |")
     step = results["grpo_step"]
     m = step["mean"]
     lines += [

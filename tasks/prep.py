@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -109,14 +108,9 @@ def split(instances, data_cfg: DataConfig):
 def write(out_dir: str, instances, result, manifest: dict[str, Any], data_cfg: DataConfig, drop_invalid: bool) -> dict[str, str]:
     """Write the dataset folder (replacing it); returns its path and the fingerprint of what was written,
     so the flow can tell a cached write whose folder was since changed or deleted."""
-    from memalpha.data.prep import write_step
-    from memalpha.data.validation import Limits
+    from memalpha.data.prep import dataset_manifest, write_step
 
-    split_counts = dict(sorted(Counter(i.split for i in instances).items()))
-    full_manifest = {**manifest, "counts": result.counts, "split_counts": split_counts,
-                     "split_seed": data_cfg.split_seed, "split_ratios": list(data_cfg.split_ratios),
-                     "rejected_by_check": result.check_counts, "notes": result.notes,
-                     "limits": asdict(Limits.from_config(data_cfg))}
+    full_manifest = dataset_manifest(manifest, instances, result, data_cfg)
     path = write_step(out_dir, instances, result, full_manifest, drop_invalid=drop_invalid, overwrite=True)
     return {"path": str(path), "fingerprint": fingerprint(path)}
 

@@ -72,6 +72,22 @@ def test_adapters_disabled_is_the_frozen_base():
     assert torch.allclose(_logits(policy), after)  # adapters are back on after the block
 
 
+def test_merged_adapter_matches_the_adapter_and_restores_the_base_exactly():
+    policy = load_policy(tiny_cfg())
+    _perturb_lora(policy, 0.2)
+    with_adapter = _logits(policy)
+    with policy.adapters_disabled():
+        base = _logits(policy)
+    weights = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    with policy.merged_adapter():
+        merged = _logits(policy)
+    assert torch.allclose(merged, with_adapter, atol=1e-4)
+    assert not torch.allclose(merged, base, atol=1e-3)
+    for name, param in policy.model.named_parameters():
+        assert torch.equal(param, weights[name]), name  # base and LoRA weights bit for bit
+    assert torch.equal(_logits(policy), with_adapter)
+
+
 def test_adapter_save_load_round_trip(tmp_path):
     trained = load_policy(tiny_cfg())
     _perturb_lora(trained, 0.3)

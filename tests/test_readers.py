@@ -245,3 +245,25 @@ def test_openai_errors_are_clear_and_never_leak_the_key(server, monkeypatch):
     with pytest.raises(EndpointError, match=f"cannot reach the OpenAI-compatible endpoint http://127.0.0.1:{port}") as info:
         reader.answer([ReaderItem("", q("?", ["a"]))])
     assert "sk-never-shown" not in str(info.value)
+
+
+def test_data_prep_closed_book_filter_over_http(server, tmp_path, capsys):
+    """`data prep --closed-book openai` drops the question the reader answers without any memory."""
+    import polars as pl
+
+    from memalpha.cli import main
+    from memalpha.data.io import read_dataset
+
+    src, out = tmp_path / "in.parquet", tmp_path / "out"
+    questions = [{"question": "What is Maya's dog called?", "answer": "Biscuit"}, {"question": "Cat?", "answer": "Tom"}]
+    pl.DataFrame({
+        "instance_id": ["pets"], "data_source": ["squad"],
+        "chunks": [json.dumps(["Maya's dog is named Biscuit and her cat is called Tom."])],
+        "questions_and_answers": [json.dumps(questions)],
+    }).write_parquet(src)
+    assert main(["data", "prep", "--source", "memalpha", "--path", str(src), "--out", str(out), "--tokenizer", "regex",
+                 "--closed-book", "openai", "--set", f"model.openai_base_url={server}", "--set", "model.openai_model=r"]) == 0
+    [instance] = read_dataset(out)
+    assert [q.answers for q in instance.questions] == [["Tom"]]
+    assert "rejected by closed_book: 1" in capsys.readouterr().out
+    assert len(_Handler.requests) == 2  # one closed-book question each

@@ -43,6 +43,9 @@ def register(subparsers) -> None:
     prep.add_argument("--drop-invalid", action="store_true", help="drop invalid rows instead of failing")
     prep.add_argument("--chunk-tokens", type=int, help="chunk size for raw sources (default: data.chunk_tokens)")
     prep.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    prep.add_argument("--closed-book", choices=["off", "local", "openai"], default="off",
+                      help="drop questions this reader answers with an empty memory: local = the frozen base "
+                           "policy, openai = model.openai_base_url (default: off)")
     common(prep)
     prep.set_defaults(handler=_prep)
 
@@ -116,9 +119,27 @@ def _prep(args) -> int:
     tokenizer, name = _tokenizer(args.tokenizer, config)
     summary = prepare(args.source, args.path, args.out, tokenizer=tokenizer, tokenizer_name=name, data_cfg=config.data,
                       chunk_tokens=args.chunk_tokens, drop_invalid=args.drop_invalid, overwrite=args.overwrite,
-                      progress=True)
+                      reader=_closed_book_reader(args.closed_book, config), progress=True)
     _print_summary(summary)
     return 0
+
+
+def _closed_book_reader(choice: str, config):
+    """The closed-book filter's reader for --closed-book (None: off)."""
+    if choice == "off":
+        return None
+    from memalpha.models.readers import closed_book, make_reader
+
+    model_cfg = config.model.model_copy(update={"reader": choice})
+    policy = None
+    if choice == "local":
+        from memalpha.models.policy import load_policy
+
+        policy = load_policy(model_cfg, trainable=False)
+    try:
+        return closed_book(make_reader(model_cfg, policy))
+    except ValueError as exc:
+        raise UserError(f"--closed-book {choice}: {exc}") from None
 
 
 def dataset_table(instances, count_tokens) -> list[dict]:

@@ -65,16 +65,22 @@ def write_step(out_dir: str | Path, instances: list[Instance], result: Validatio
                          report_html=result.report_html(), manifest=manifest, overwrite=overwrite)
 
 
+def dataset_manifest(source_manifest: dict[str, Any], instances: list[Instance], result: ValidationResult,
+                     data_cfg) -> dict[str, Any]:
+    """The manifest written with a dataset: where it came from, plus counts, splits, rejections and limits."""
+    return {**source_manifest, "counts": result.counts,
+            "split_counts": dict(sorted(Counter(i.split for i in instances).items())),
+            "split_seed": data_cfg.split_seed, "split_ratios": list(data_cfg.split_ratios),
+            "rejected_by_check": result.check_counts, "notes": result.notes,
+            "limits": asdict(Limits.from_config(data_cfg))}
+
+
 def _finish(out_dir, instances, result, manifest, data_cfg, drop_invalid, overwrite, origins, notes) -> PrepSummary:
     instances = split_step(instances, data_cfg.split_ratios, data_cfg.split_seed)
-    split_counts = dict(sorted(Counter(i.split for i in instances).items()))
     result.notes.extend(notes)
-    manifest = {**manifest, "counts": result.counts, "split_counts": split_counts,
-                "split_seed": data_cfg.split_seed, "split_ratios": list(data_cfg.split_ratios),
-                "rejected_by_check": result.check_counts, "notes": result.notes,
-                "limits": asdict(Limits.from_config(data_cfg))}
+    manifest = dataset_manifest(manifest, instances, result, data_cfg)
     path = write_step(out_dir, instances, result, manifest, drop_invalid, overwrite, origins)
-    return PrepSummary(path, result.counts, split_counts, result.check_counts, result.notes)
+    return PrepSummary(path, result.counts, manifest["split_counts"], result.check_counts, result.notes)
 
 
 def prepare(source: str, path: str | Path, out_dir: str | Path, *, tokenizer: Any, tokenizer_name: str, data_cfg,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from memalpha.config import ModelConfig
 from memalpha.data.schema import QUESTION_TYPES, Question
@@ -206,6 +206,16 @@ class OpenAIReader:
     def answer(self, items: list[ReaderItem]) -> list[str]:
         conversations = [reader_messages(i.context, i.question.question, is_boxed(i.question)) for i in items]
         return [text.strip() for text in self.client.complete_many(conversations, self.max_new_tokens)]
+
+
+def closed_book(reader: Reader) -> Callable[[str], str]:
+    """The reader asked with an empty memory: question -> answer (data prep's closed-book filter drops
+    questions it answers correctly, since they test the reader's world knowledge, not the memory)."""
+
+    def ask(question: str) -> str:
+        return reader.answer([ReaderItem("", Question("closed-book", question, [], "single_hop"))])[0]
+
+    return ask
 
 
 def make_reader(model_cfg: ModelConfig, policy=None) -> Reader:
