@@ -133,3 +133,25 @@ def test_micro_batches_accumulate_to_the_batch(tmp_path, config):
     assert args.use_cpu and not args.gradient_checkpointing and args.completion_only_loss
     with pytest.raises(ValueError, match="multiple of sft.micro_batch_size"):
         sft_arguments(config.sft.model_copy(update={"batch_size": 6, "micro_batch_size": 4}), policy, tmp_path, None, 0)
+
+
+def test_completion_loss_equals_the_full_logit_loss(config):
+    """The SFT loss computes logits only from the first completion token on; on a right-padded batch with
+    prompts of different lengths it matches the model's own loss over all positions."""
+    from memalpha.sft import completion_loss
+
+    policy = load_policy(config.model)
+    torch.manual_seed(0)
+    ids = torch.randint(5, 200, (2, 12))
+    labels = torch.full_like(ids, -100)
+    labels[0, 4:10] = ids[0, 4:10]  # prompt of 4, completion of 6, then padding
+    labels[1, 7:12] = ids[1, 7:12]  # prompt of 7, completion of 5
+    attention = torch.ones_like(ids)
+    attention[0, 10:] = 0
+    inputs = {"input_ids": ids, "attention_mask": attention, "labels": labels}
+    loss, count, correct = completion_loss(policy.model, inputs)
+    reference = policy.model(**inputs).loss
+    assert count == 11 and 0 <= correct <= count
+    assert torch.allclose(loss, reference, atol=1e-5)
+    summed, _, _ = completion_loss(policy.model, inputs, num_items_in_batch=22)  # half of it over twice the tokens
+    assert torch.allclose(summed, reference / 2, atol=1e-5)
