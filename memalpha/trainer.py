@@ -18,6 +18,7 @@ import logging
 import random
 import shutil
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -198,7 +199,11 @@ class Trainer:
         learning_rate = self.optimizer.param_groups[0]["lr"]
         update_start = time.perf_counter()
         update = self._update(samples, advantages)
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            # The schedule counts GRPO steps, skipped updates (all advantages zero) included, so a first step
+            # without an optimizer step is expected, not the ordering bug torch warns about.
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            self.scheduler.step()
         update_s = time.perf_counter() - update_start
         self.step += 1
         metrics = self._metrics(batch, rewards, groups, zero_std, update)
