@@ -57,18 +57,17 @@ def _generate(policy, prompts, seed=0, merged=True) -> tuple[int, float, float, 
     return out.num_tokens, time.perf_counter() - start, out.prefill_s, out.decode_s
 
 
+def _batched_row(policy, prompts, merged=True) -> dict[str, Any]:
+    tokens, seconds, prefill, decode = _generate(policy, prompts, merged=merged)
+    return {"rollouts": len(prompts), "tokens": tokens, "seconds": round(seconds, 2), "prefill_s": round(prefill, 2),
+            "decode_s": round(decode, 2), "tokens_per_s": round(tokens / seconds, 2)}
+
+
 def throughput(policy, config) -> dict[str, Any]:
     prompts = _prompts(policy, config, max(BATCHES))
     _generate(policy, prompts[:2])  # warm-up
-    rows = {}
-    for n in BATCHES:
-        tokens, seconds, prefill, decode = _generate(policy, prompts[:n])
-        rows[f"batched_{n}"] = {"rollouts": n, "tokens": tokens, "seconds": round(seconds, 2),
-                                "prefill_s": round(prefill, 2), "decode_s": round(decode, 2),
-                                "tokens_per_s": round(tokens / seconds, 2)}
-    tokens, seconds, prefill, decode = _generate(policy, prompts[:8], merged=False)
-    rows["unmerged_8"] = {"rollouts": 8, "tokens": tokens, "seconds": round(seconds, 2), "prefill_s": round(prefill, 2),
-                          "decode_s": round(decode, 2), "tokens_per_s": round(tokens / seconds, 2)}
+    rows = {f"batched_{n}": _batched_row(policy, prompts[:n]) for n in BATCHES}
+    rows["unmerged_8"] = _batched_row(policy, prompts[:8], merged=False)
     tokens = seconds = 0.0
     for prompt in prompts[:SEQUENTIAL_PROMPTS]:
         t, s, _, _ = _generate(policy, [prompt])

@@ -117,40 +117,35 @@ def collect_rollouts(
     indexes = [MemoryIndex(store, config.retrieval) for store in stores]
     per_rollout: list[list[Sample]] = [[] for _ in owners]
     batch = RolloutBatch(list(instances), G, [], stores, [], [], [sum(policy.count_tokens(c) for c in cs) for cs in chunks])
-    was_training = policy.model.training
-    policy.model.eval()
-    try:
-        with policy.merged_adapter():  # sampling only; the update runs the unmerged adapter
-            for t in range(max(len(cs) for cs in chunks)):
-                active = [r for r, b in enumerate(owners) if t < len(chunks[b])]
-                prompts = [
-                    render_writer_prompt(tokenizer, stores[r], chunks[owners[r]][t], config.memory, indexes[r].search)
-                    for r in active
-                ]
-                ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-                cut = [len(x) > rcfg.max_prompt_tokens for x in ids]
-                ids = [x[-rcfg.max_prompt_tokens:] for x in ids]  # keep the chunk and the assistant turn opening
-                start = time.perf_counter()
-                out = generate(
-                    policy.model, ids, max_new_tokens=rcfg.max_completion_length, eos_token_ids=eos_ids,
-                    pad_token_id=tokenizer.pad_token_id, temperature=rcfg.temperature, top_p=rcfg.top_p,
-                    greedy=greedy, generator=generator,
-                )
-                batch.generate_s += time.perf_counter() - start
-                batch.generate_calls += 1
-                batch.generated_tokens += out.num_tokens
-                for i, r in enumerate(active):
-                    text = tokenizer.decode(out.completion_ids[i], skip_special_tokens=True)
-                    parsed, results = execute_text(stores[r], text, t)
-                    per_rollout[r].append(Sample(
-                        instance_index=owners[r], instance_id=instances[owners[r]].instance_id, rollout=r % G, chunk=t,
-                        prompt=prompts[i], prompt_ids=ids[i], completion=text, completion_ids=out.completion_ids[i],
-                        sampling_logps=out.logps[i], truncated=out.truncated[i], prompt_truncated=cut[i],
-                        parse=parsed, results=results, memory_tokens=stores[r].token_count(),
-                        memory_entries=stores[r].entry_count(), memory_json=stores[r].to_json(),
-                    ))
-    finally:
-        policy.model.train(was_training)
+    with policy.merged_adapter():  # sampling only (eval mode); the update runs the unmerged adapter
+        for t in range(max(len(cs) for cs in chunks)):
+            active = [r for r, b in enumerate(owners) if t < len(chunks[b])]
+            prompts = [
+                render_writer_prompt(tokenizer, stores[r], chunks[owners[r]][t], config.memory, indexes[r].search)
+                for r in active
+            ]
+            ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+            cut = [len(x) > rcfg.max_prompt_tokens for x in ids]
+            ids = [x[-rcfg.max_prompt_tokens:] for x in ids]  # keep the chunk and the assistant turn opening
+            start = time.perf_counter()
+            out = generate(
+                policy.model, ids, max_new_tokens=rcfg.max_completion_length, eos_token_ids=eos_ids,
+                pad_token_id=tokenizer.pad_token_id, temperature=rcfg.temperature, top_p=rcfg.top_p,
+                greedy=greedy, generator=generator,
+            )
+            batch.generate_s += time.perf_counter() - start
+            batch.generate_calls += 1
+            batch.generated_tokens += out.num_tokens
+            for i, r in enumerate(active):
+                text = tokenizer.decode(out.completion_ids[i], skip_special_tokens=True)
+                parsed, results = execute_text(stores[r], text, t)
+                per_rollout[r].append(Sample(
+                    instance_index=owners[r], instance_id=instances[owners[r]].instance_id, rollout=r % G, chunk=t,
+                    prompt=prompts[i], prompt_ids=ids[i], completion=text, completion_ids=out.completion_ids[i],
+                    sampling_logps=out.logps[i], truncated=out.truncated[i], prompt_truncated=cut[i],
+                    parse=parsed, results=results, memory_tokens=stores[r].token_count(),
+                    memory_entries=stores[r].entry_count(), memory_json=stores[r].to_json(),
+                ))
     start = time.perf_counter()
     _score(batch, per_rollout, owners, indexes, chunks, config, reader, judge)
     batch.reward_s = time.perf_counter() - start
