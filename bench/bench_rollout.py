@@ -33,14 +33,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _prompts(policy, config, n: int) -> list[list[int]]:
     from memalpha.data.synth import SynthConfig, generate as synth
+    from memalpha.episode import Episode
     from memalpha.memory.schema import get_schema
-    from memalpha.memory.store import MemoryStore
-    from memalpha.prompts import render_writer_prompt
 
     cfg = SynthConfig(instances=n, chunks_per_instance=(2,), chunk_tokens=512, competencies=("accurate_retrieval",))
     schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
     tok = policy.tokenizer
-    texts = [render_writer_prompt(tok, MemoryStore(schema, policy.count_tokens), inst.chunks[0], config.memory)
+    texts = [Episode(inst, schema, config.memory, config.retrieval, policy.count_tokens, tok).prompt()
              for inst in synth(cfg, tok)]
     return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
 

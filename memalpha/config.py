@@ -66,6 +66,14 @@ class RewardConfig(_Section):
     """r2 of a chunk whose output is an explicit "nothing to store" (see docs/REWARDS.md)."""
     judge: Literal["rule", "llm"] = "rule"
     """Validity judge for r4: rule-based (default) or the configured LLM judge."""
+    coverage_weight: float = Field(1.0, ge=0)
+    """Weight of the per-chunk content term `coverage` (docs/REWARDS.md); 0 drops it."""
+    content_gate: bool = True
+    """Scale r2 and r4 of a chunk that holds evidence by its coverage, and count an explicit skip of a
+    chunk that holds none as a correct action. Off (with coverage_weight 0): the paper's reward."""
+    reader_view: Literal["whole_if_fits", "retrieve"] = "whole_if_fits"
+    """What r1's reader sees in training: the whole memory when it fits memory.reader_view_tokens
+    (else retrieval), or always the retrieved entries as in evaluation."""
 
 
 class ModelConfig(_Section):

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import re
 
-from memalpha.config import MemoryConfig
 from memalpha.memory.schema import MemorySchema, SectionSpec
-from memalpha.memory.store import MemoryStore
-from memalpha.memory.views import SearchFn, writer_view
 from memalpha.parsing import NOTHING_TO_STORE
 
 _PARENTHESES = re.compile(r"\s*\([^)]*\)")
@@ -59,27 +56,9 @@ def render_chat(tokenizer, messages: list[dict[str, str]]) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def render_writer_prompt(
-    tokenizer,
-    store: MemoryStore,
-    chunk_text: str,
-    memory_cfg: MemoryConfig,
-    search: SearchFn | None = None,
-) -> str:
-    """The exact prompt text of one writer step: writer view of `store` for `chunk_text` + the chunk.
-
-    The single place writer prompts are built, shared by rollouts, SFT demonstrations and evaluation.
-    `search` is the store's MemoryIndex.search (relevant entries); without it only the newest are shown.
-    """
-    view = writer_view(
-        store,
-        chunk_text,
-        search=search,
-        budget_tokens=memory_cfg.writer_view_tokens,
-        newest=memory_cfg.writer_newest_entries,
-        relevant=memory_cfg.writer_relevant_entries,
-    )
-    return render_chat(tokenizer, writer_messages(store.schema, view, chunk_text))
+def render_writer_prompt(tokenizer, schema: MemorySchema, memory_view: str, chunk_text: str) -> str:
+    """The exact prompt text of one writer step (memalpha.episode renders every writer prompt with it)."""
+    return render_chat(tokenizer, writer_messages(schema, memory_view, chunk_text))
 
 
 READER_SYSTEM = "Answer the question using only the memory. Reply with the answer only, in a few words."

@@ -1,12 +1,17 @@
 """Rewards of a (rollout, chunk) sample: the only place r1..r4 are computed. See docs/REWARDS.md.
 
-r_t = r1 + r2_t + beta * r3 + gamma * r4_t
+r_t = r1 + w * coverage_t + g_t * (r2_t + gamma * r4_t) + beta * r3
 - r1: mean QA score of the instance's questions on the final memory (shared by the rollout's chunks);
+- coverage_t: how far what chunk t wrote makes the questions it holds evidence for answerable
+  (1 for a chunk that holds no evidence); g_t = coverage_t on chunks with evidence (format cannot
+  outscore content), 1 elsewhere;
 - r2_t: share of chunk t's calls that executed (each unparseable fragment is one failed call);
 - r3: 1 - memory tokens / input tokens, clipped to [0, 1] (shared), only for a useful non-empty memory;
 - r4_t: share of chunk t's calls whose write a judge deems valid (failed calls are invalid writes).
-A chunk with no calls gets r2 = r4 = 0; an explicit nothing-to-store gets r2 = cfg.nothing_to_store_r2,
-and only when the rollout's memory is useful and non-empty, so skipping every chunk earns nothing.
+An explicit nothing-to-store on a chunk known to hold no evidence is a correct action (r2 = r4 = 1); on
+a chunk with evidence it earns nothing (coverage 0 gates everything). Elsewhere a chunk with no calls
+gets r2 = r4 = 0, or r2 = cfg.nothing_to_store_r2 for an explicit skip in a useful, non-empty memory.
+With coverage_weight = 0 and content_gate off this is the paper's reward.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from memalpha.config import RewardConfig
+from memalpha.data.schema import Question
+from memalpha.metrics import normalize_answer, score_answer
 from memalpha.retrieval.bm25 import tokenize
 from memalpha.tools import ToolResult
 
@@ -38,6 +45,9 @@ class RewardBreakdown:
     r3: float
     r4: float
     total: float
+    coverage: float = 0.0
+    """Content credit of the chunk (1 for a chunk that holds no evidence)."""
+    holds_evidence: bool | None = None
     calls: int = 0
     executed: int = 0
     valid: int = 0
@@ -270,6 +280,82 @@ def llm_verdicts(
     return verdicts
 
 
+# ---- coverage: per-chunk credit for the questions a chunk can make answerable -----------------------
+
+_ANSWER_STOPWORDS = frozenset("a an the of to in on at for and or is are was were be by with from as it its".split())
+
+
+def _answer_words(text: str) -> set[str]:
+    return {w for w in normalize_answer(text).split() if w not in _ANSWER_STOPWORDS}
+
+
+def _mentions(text: str, answer: str) -> bool:
+    """`answer` occurs in `text`, normalised, on word boundaries (the convention of memalpha.metrics)."""
+    needle = normalize_answer(answer)
+    return bool(needle) and f" {needle} " in f" {normalize_answer(text)} "
+
+
+def coverage_chunks(question: Question, chunks: Sequence[str]) -> list[int] | None:
+    """The chunks that can make `question` answerable: its evidence chunks that state a current answer
+    (a keyword, for summaries), or all its evidence chunks when none does (a worked-out answer).
+    None for a question without evidence indices (its credit is attributed, see `attribution_credit`).
+    Stating a superseded value does not count: storing it cannot answer the question."""
+    if question.evidence_chunks is None:
+        return None
+    evidence = [c for c in question.evidence_chunks if 0 <= c < len(chunks)]
+    stating = [c for c in evidence if any(_mentions(chunks[c], a) for a in question.answers)]
+    return stating or evidence
+
+
+def answer_support(question: Question, written: str, chunk_text: str, memory_text: Callable[[], str]) -> float:
+    """How far `written` (what one step wrote, as it reads after the step) supports the answer, in [0, 1].
+
+    - summary keywords: the share of the keywords the chunk states that the writes kept;
+    - classification: 1 when the evidence reader finds the right label among the written examples;
+    - conflict: 1 when the writes state the current value and not a superseded one, halved while the
+      whole memory (`memory_text()`) still asserts a superseded value;
+    - otherwise: 1 when a gold answer occurs in the writes, else the best share of a gold answer's
+      words they hold (partial credit for lists and multi-word answers).
+    """
+    from memalpha.models.readers import EvidenceReader, competency_of  # memalpha.models loads torch on import
+
+    competency = competency_of(question)
+    if competency == "long_range_understanding":
+        offered = [k for k in question.answers if _mentions(chunk_text, k)] or question.answers
+        return sum(_mentions(written, k) for k in offered) / len(offered) if offered else 0.0
+    if competency == "test_time_learning" or (competency == "conflict_resolution" and question.superseded_answers):
+        reader = EvidenceReader()
+        score = score_answer(reader.answer_one(written, question), question.answers, question.question_type,
+                             question.superseded_answers)
+        if score and competency == "conflict_resolution":
+            whole = reader.answer_one(memory_text(), question)
+            score *= 1.0 if score_answer(whole, question.answers, question.question_type, question.superseded_answers) else 0.5
+        return score
+    best = 0.0
+    words = _answer_words(written)
+    for gold in question.answers:
+        if _mentions(written, gold):
+            return 1.0
+        wanted = _answer_words(gold)
+        if wanted:
+            best = max(best, len(wanted & words) / len(wanted))
+    return best
+
+
+def attribution_credit(scores: Sequence[float], retrieved: Sequence[Sequence[int]], num_chunks: int) -> list[float]:
+    """Fine-Mem's evidence-anchored attribution for questions without evidence indices: question j's
+    final score s_j is shared equally by the entries M_j the reader was shown for it, and each entry's
+    share goes to the chunk that created or last updated it: N_t = sum_j sum_{m in M_j, step(m)=t}
+    s_j / (|M_j| n). `retrieved[j]` lists the writing chunk of each entry in M_j."""
+    credit = [0.0] * num_chunks
+    n = len(scores)
+    for score, chunks in zip(scores, retrieved):
+        for t in chunks:
+            if 0 <= t < num_chunks:
+                credit[t] += score / (len(chunks) * n)
+    return credit
+
+
 # ---- combination ---------------------------------------------------------------------------------
 
 
@@ -278,6 +364,38 @@ def compression(memory_tokens: int, input_tokens: int) -> float:
     if input_tokens <= 0:
         return 0.0
     return min(1.0, max(0.0, 1.0 - memory_tokens / input_tokens))
+
+
+@dataclass(frozen=True)
+class ChunkCoverage:
+    """The content credit of one chunk (see `chunk_coverage`)."""
+
+    value: float
+    holds_evidence: bool | None
+    """True: some question's coverage chunks include it; False: all questions have evidence indices and
+    none points here; None: unknown (questions without evidence indices; `value` is attributed credit)."""
+
+
+def chunk_coverage(
+    supports: Sequence[dict[int, float]],
+    relevant: Sequence[Sequence[int]],
+    attributed: Sequence[float] | None = None,
+) -> list[ChunkCoverage]:
+    """Coverage of every chunk of one rollout.
+
+    supports[t]: question index -> `answer_support` of what chunk t wrote, for the questions in
+    relevant[t] (those whose `coverage_chunks` include t). attributed: `attribution_credit` for the
+    instance's questions without evidence indices, or None when every question has them.
+    """
+    out = []
+    for t, questions in enumerate(relevant):
+        if questions:
+            out.append(ChunkCoverage(sum(supports[t].get(j, 0.0) for j in questions) / len(questions), True))
+        elif attributed is not None:
+            out.append(ChunkCoverage(attributed[t], None))
+        else:
+            out.append(ChunkCoverage(0.0, False))
+    return out
 
 
 def chunk_rewards(
@@ -290,16 +408,21 @@ def chunk_rewards(
     judge: WriteJudge = rule_judge,
     memory: MemoryStore | None = None,
     verdicts: Sequence[Sequence[bool]] | None = None,
+    coverage: Sequence[ChunkCoverage] | None = None,
 ) -> list[RewardBreakdown]:
-    """Rewards of every chunk of one rollout.
+    """Rewards of every chunk of one rollout (docs/REWARDS.md).
 
     qa_score: r1, the mean QA score on the final memory. chunk_results[t]: the results of chunk t's
     calls (from `execute_text`, so parse errors are failed results). nothing_flags[t]: the output was an
     explicit NOTHING_TO_STORE. memory: the final memory, for the judge's duplicate and delete checks.
     verdicts: precomputed per-call validity (e.g. `llm_verdicts`); otherwise `judge` decides.
+    coverage: `chunk_coverage` of the rollout; without it the content term is 0 and nothing is gated
+    (the paper's reward).
     """
     if len(nothing_flags) != len(chunk_results):
         raise ValueError(f"nothing_flags has {len(nothing_flags)} items for {len(chunk_results)} chunks")
+    if coverage is not None and len(coverage) != len(chunk_results):
+        raise ValueError(f"coverage has {len(coverage)} items for {len(chunk_results)} chunks")
     if not 0.0 <= qa_score <= 1.0:
         raise ValueError(f"qa_score must be in [0, 1], got {qa_score}")
     if verdicts is None:
@@ -309,15 +432,22 @@ def chunk_rewards(
     useful = qa_score > 0 and memory_tokens > 0
     r3 = compression(memory_tokens, input_tokens) if useful else 0.0
     out = []
-    for results, nothing, valid in zip(chunk_results, nothing_flags, verdicts):
+    for t, (results, nothing, valid) in enumerate(zip(chunk_results, nothing_flags, verdicts)):
         calls = len(results)
         executed = sum(1 for r in results if r.ok)
         n_valid = sum(1 for v in valid if v is True)
+        credit = coverage[t] if coverage is not None else ChunkCoverage(0.0, None)
+        evidence = credit.holds_evidence
+        skip = bool(nothing) and not calls
         if calls:
             r2, r4 = executed / calls, n_valid / calls
+        elif skip and cfg.content_gate and evidence is False:
+            r2 = r4 = 1.0  # nothing here will be asked about: skipping is the correct action
         else:
-            r2 = cfg.nothing_to_store_r2 if nothing and useful else 0.0
+            r2 = cfg.nothing_to_store_r2 if skip and useful else 0.0
             r4 = 0.0
-        total = qa_score + r2 + cfg.beta * r3 + cfg.gamma * r4
-        out.append(RewardBreakdown(qa_score, r2, r3, r4, total, calls, executed, n_valid, bool(nothing) and not calls))
+        content = 1.0 if evidence is False else credit.value  # a chunk without evidence has nothing to miss
+        gate = content if cfg.content_gate and evidence else 1.0
+        total = qa_score + cfg.coverage_weight * content + gate * (r2 + cfg.gamma * r4) + cfg.beta * r3
+        out.append(RewardBreakdown(qa_score, r2, r3, r4, total, content, evidence, calls, executed, n_valid, skip))
     return out

@@ -1,62 +1,80 @@
-"""Batched rollouts: B instances x G memories, one generate call per chunk position.
+"""Batched rollouts: B instances x G episodes (memalpha.episode), one generate call per chunk position.
 
-For chunk t, the writer prompt of every rollout still reading (rollouts stop at their instance's last
-chunk) is rendered from its own memory, all of them are sampled in one batched call, and each output is
-parsed and executed on its memory. Every (rollout, chunk) pair becomes a `Sample`. After the last chunk
-the reader answers each instance's questions from each rollout's memory (one batched call), r1 is the
-mean QA score, and `chunk_rewards` gives every sample its reward breakdown.
+For chunk t, every episode still reading (episodes stop at their instance's last chunk) gives its writer
+prompt, all of them are sampled in one batched call, and each output is stepped into its episode. Every
+(rollout, chunk) pair becomes a `Sample`. After the last chunk the reader answers each instance's
+questions from each rollout's memory (one batched call), r1 is the mean QA score, the per-chunk coverage
+comes from the episodes' steps (and, for questions without evidence indices, from which chunk wrote the
+entries the reader was shown), and `chunk_rewards` gives every sample its reward breakdown.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
 from memalpha.config import RunConfig
 from memalpha.data.schema import Instance
+from memalpha.episode import Episode, Step, score_episodes
 from memalpha.generation import generate
-from memalpha.memory.schema import get_schema
-from memalpha.memory.store import MemoryStore
-from memalpha.memory.views import reader_view
-from memalpha.metrics import score_answer
-from memalpha.models.readers import ReaderItem
+from memalpha.memory import MemoryStore, get_schema
 from memalpha.parsing import ParseResult
-from memalpha.prompts import render_writer_prompt
-from memalpha.retrieval import MemoryIndex
-from memalpha.rewards import RewardBreakdown, chunk_rewards, llm_verdicts
-from memalpha.tools import ToolResult, execute_text
+from memalpha.rewards import RewardBreakdown
+from memalpha.tools import ToolResult
 
 
 @dataclass
 class Sample:
-    """One (rollout, chunk) pair: what the policy saw and wrote, what it did to the memory, its reward."""
+    """One (rollout, chunk) pair: the episode step, the tokens behind it, its reward and advantage."""
 
     instance_index: int
     """Position of the instance in the batch."""
     instance_id: str
     rollout: int
     """0..G-1 within the instance."""
-    chunk: int
-    prompt: str
+    step: Step
     prompt_ids: list[int]
-    completion: str
     completion_ids: list[int]
     sampling_logps: list[float]
     """Per-token log-probs under the policy that sampled the completion."""
     truncated: bool
     """The completion hit max_completion_length without an end-of-turn token."""
     prompt_truncated: bool
-    parse: ParseResult
-    results: list[ToolResult]
-    memory_tokens: int
-    """Memory size after this chunk's calls."""
-    memory_entries: int
     memory_json: str
+    """The memory after this chunk's calls."""
     reward: RewardBreakdown | None = None
     advantage: float = 0.0
+
+    @property
+    def chunk(self) -> int:
+        return self.step.chunk
+
+    @property
+    def prompt(self) -> str:
+        return self.step.prompt
+
+    @property
+    def completion(self) -> str:
+        return self.step.completion
+
+    @property
+    def parse(self) -> ParseResult:
+        return self.step.parse
+
+    @property
+    def results(self) -> list[ToolResult]:
+        return self.step.results
+
+    @property
+    def memory_tokens(self) -> int:
+        return self.step.memory_tokens
+
+    @property
+    def memory_entries(self) -> int:
+        return self.step.memory_entries
 
 
 @dataclass
@@ -80,15 +98,6 @@ class RolloutBatch:
     trace: dict = field(default_factory=dict)
 
 
-def truncate_instance(instance: Instance, max_chunks: int) -> Instance:
-    """The first `max_chunks` chunks (0: all), keeping only questions answerable from them (questions
-    without known evidence are kept)."""
-    if not max_chunks or len(instance.chunks) <= max_chunks:
-        return instance
-    questions = [q for q in instance.questions if q.evidence_chunks is None or any(c < max_chunks for c in q.evidence_chunks)]
-    return replace(instance, chunks=instance.chunks[:max_chunks], questions=questions)
-
-
 def collect_rollouts(
     policy,
     instances: list[Instance],
@@ -99,31 +108,30 @@ def collect_rollouts(
     reader,
     judge=None,
     greedy: bool = False,
+    reader_view_mode: str | None = None,
 ) -> RolloutBatch:
     """Run G rollouts of each instance, chunk position by chunk position, and score every sample.
 
     `reader` answers questions (memalpha.models.readers); `judge` is an LLM judge for r4 (None: the
-    rule judge). Greedy decoding (evaluation) ignores the generator.
+    rule judge). Greedy decoding (evaluation) ignores the generator. `reader_view_mode` overrides
+    `reward.reader_view` (held-out evaluation reads through retrieval, as the paper does).
+    Instances are used as given: truncation for training happens when the data is loaded.
     """
     rcfg = config.rollout
     schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
     tokenizer = policy.tokenizer
     eos_ids = [tokenizer.eos_token_id] + ([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else [])
-    instances = [truncate_instance(inst, config.data.max_chunks_per_instance) for inst in instances]
-    chunks = [inst.chunks for inst in instances]
     G = num_generations
-    owners = [b for b in range(len(instances)) for _ in range(G)]
-    stores = [MemoryStore(schema, policy.count_tokens) for _ in owners]
-    indexes = [MemoryIndex(store, config.retrieval) for store in stores]
-    per_rollout: list[list[Sample]] = [[] for _ in owners]
-    batch = RolloutBatch(list(instances), G, [], stores, [], [], [sum(policy.count_tokens(c) for c in cs) for cs in chunks])
+    episodes = [
+        Episode(inst, schema, config.memory, config.retrieval, policy.count_tokens, tokenizer)
+        for inst in instances for _ in range(G)
+    ]
+    per_rollout: list[list[Sample]] = [[] for _ in episodes]
+    batch = RolloutBatch(list(instances), G, [], [ep.store for ep in episodes], [], [],
+                         [sum(policy.count_tokens(c) for c in inst.chunks) for inst in instances])
     with policy.merged_adapter():  # sampling only (eval mode); the update runs the unmerged adapter
-        for t in range(max(len(cs) for cs in chunks)):
-            active = [r for r, b in enumerate(owners) if t < len(chunks[b])]
-            prompts = [
-                render_writer_prompt(tokenizer, stores[r], chunks[owners[r]][t], config.memory, indexes[r].search)
-                for r in active
-            ]
+        while active := [r for r, ep in enumerate(episodes) if not ep.done]:
+            prompts = [episodes[r].prompt() for r in active]
             ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
             cut = [len(x) > rcfg.max_prompt_tokens for x in ids]
             ids = [x[-rcfg.max_prompt_tokens:] for x in ids]  # keep the chunk and the assistant turn opening
@@ -137,53 +145,25 @@ def collect_rollouts(
             batch.generate_calls += 1
             batch.generated_tokens += out.num_tokens
             for i, r in enumerate(active):
+                episode = episodes[r]
                 text = tokenizer.decode(out.completion_ids[i], skip_special_tokens=True)
-                parsed, results = execute_text(stores[r], text, t)
+                step = episode.step(text, prompts[i])
                 per_rollout[r].append(Sample(
-                    instance_index=owners[r], instance_id=instances[owners[r]].instance_id, rollout=r % G, chunk=t,
-                    prompt=prompts[i], prompt_ids=ids[i], completion=text, completion_ids=out.completion_ids[i],
-                    sampling_logps=out.logps[i], truncated=out.truncated[i], prompt_truncated=cut[i],
-                    parse=parsed, results=results, memory_tokens=stores[r].token_count(),
-                    memory_entries=stores[r].entry_count(), memory_json=stores[r].to_json(),
+                    instance_index=r // G, instance_id=episode.instance.instance_id, rollout=r % G, step=step,
+                    prompt_ids=ids[i], completion_ids=out.completion_ids[i], sampling_logps=out.logps[i],
+                    truncated=out.truncated[i], prompt_truncated=cut[i], memory_json=episode.store.to_json(),
                 ))
     start = time.perf_counter()
-    _score(batch, per_rollout, owners, indexes, chunks, config, reader, judge)
+    scores = score_episodes(episodes, config, reader, judge, reader_view_mode)
+    batch.answers = [score.answers for score in scores]
+    batch.qa_scores = [score.qa_score for score in scores]
+    for samples, score in zip(per_rollout, scores):
+        for sample, reward in zip(samples, score.rewards):
+            sample.reward = reward
     batch.reward_s = time.perf_counter() - start
     batch.samples = [s for samples in per_rollout for s in samples]
     batch.trace = rollout_trace(batch, per_rollout[0], 0) if per_rollout else {}
     return batch
-
-
-def _score(batch, per_rollout, owners, indexes, chunks, config: RunConfig, reader, judge) -> None:
-    """Reader answers (one batched call for all rollouts), r1 per rollout, then per-chunk rewards."""
-    items, where = [], []
-    for r, b in enumerate(owners):
-        for question in batch.instances[b].questions:
-            context = reader_view(batch.memories[r], question.question, indexes[r].search,
-                                  config.memory.reader_view_tokens, config.retrieval.top_k)
-            items.append(ReaderItem(context, question))
-            where.append(r)
-    predictions = reader.answer(items) if items else []
-    batch.answers = [[] for _ in owners]
-    for item, prediction, r in zip(items, predictions, where):
-        q = item.question
-        score = score_answer(prediction, q.answers, q.question_type, q.superseded_answers,
-                             metric=config.reward.qa_metric, question=q.question)
-        batch.answers[r].append({"question": q.question, "prediction": prediction, "answers": q.answers, "score": score})
-    batch.qa_scores = [sum(a["score"] for a in answers) / len(answers) if answers else 0.0 for answers in batch.answers]
-    descriptions = {s.name: s.description for s in batch.memories[0].schema.sections} if owners else {}
-    for r, samples in enumerate(per_rollout):
-        results = [s.results for s in samples]
-        verdicts = None
-        if judge is not None:
-            verdicts = llm_verdicts(results, chunks[owners[r]], judge, batch.memories[r], descriptions)
-        rewards = chunk_rewards(
-            batch.qa_scores[r], results, [s.parse.nothing_to_store for s in samples],
-            batch.memories[r].token_count(), batch.input_tokens[owners[r]], config.reward,
-            memory=batch.memories[r], verdicts=verdicts,
-        )
-        for sample, reward in zip(samples, rewards):
-            sample.reward = reward
 
 
 def rollout_trace(batch: RolloutBatch, samples: list[Sample], r: int) -> dict:

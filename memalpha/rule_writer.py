@@ -22,6 +22,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from memalpha.episode import Episode, Step
 from memalpha.memory.schema import MemorySchema
 from memalpha.memory.store import MemoryStore, normalize_content
 from memalpha.parsing import NOTHING_TO_STORE
@@ -447,56 +448,9 @@ def third_person(text: str, speaker: str) -> str:
     return re.sub(r"\b(?:I|[Ww]e) (?P<adv>(?:\w+ly |also |just |still |now |often |never |always |finally )*)(?P<verb>[A-Za-z']+)", subject_verb, text)
 
 
-@dataclass
-class WriterStep:
-    """One chunk of a rule-writer run: the prompt the policy would see, the completion and its results."""
-
-    chunk_index: int
-    prompt: str
-    completion: str
-    results: list
-    nothing_to_store: bool
-
-
-_VIEW_ID = re.compile(r"^- (?P<id>[a-z_]+-\d+): ", re.M)
-
-
-def visible_ids(prompt: str) -> set[str]:
-    """Entry ids shown in a rendered writer prompt (the writer view lists entries as `- sem-3: ...`)."""
-    return {m.group("id") for m in _VIEW_ID.finditer(prompt)}
-
-
-def run_rule_writer(
-    chunks: list[str],
-    writer: RuleWriter,
-    memory_cfg,
-    retrieval_cfg,
-    tokenizer=None,
-    count_tokens: TokenCounter | None = None,
-) -> tuple[MemoryStore, list[WriterStep]]:
-    """Run the rule writer over an instance's chunks with an evolving memory, exactly as a rollout does:
-    the writer view (newest + relevant entries via the retrieval index) is rendered into the writer
-    prompt, the writer may only update entries the prompt shows, and its output is parsed and executed.
-
-    With `tokenizer`, prompts are rendered with its chat template (SFT demonstrations); without, the
-    plain writer messages are used (evaluation baseline, no model needed).
-    """
-    from memalpha.memory.views import writer_view
-    from memalpha.prompts import render_writer_prompt, writer_user_message
-    from memalpha.retrieval import MemoryIndex
-    from memalpha.tools import execute_text
-
-    store = MemoryStore(writer.schema, count_tokens or regex_token_count)
-    index = MemoryIndex(store, retrieval_cfg)
-    steps: list[WriterStep] = []
-    for t, chunk in enumerate(chunks):
-        if tokenizer is not None:
-            prompt = render_writer_prompt(tokenizer, store, chunk, memory_cfg, index.search)
-        else:
-            view = writer_view(store, chunk, index.search, memory_cfg.writer_view_tokens,
-                               memory_cfg.writer_newest_entries, memory_cfg.writer_relevant_entries)
-            prompt = writer_user_message(view, chunk)
-        completion = writer.write(chunk, store, visible_ids(prompt))
-        parsed, results = execute_text(store, completion, t)
-        steps.append(WriterStep(t, prompt, completion, results, parsed.nothing_to_store))
-    return store, steps
+def run_rule_writer(episode: Episode, writer: RuleWriter) -> list[Step]:
+    """Drive `episode` to its last chunk with the rule writer, which, like a policy, may only update
+    the entries the writer view shows. Returns the episode's steps."""
+    while not episode.done:
+        episode.step(writer.write(episode.chunk_text, episode.store, episode.visible_ids()))
+    return episode.steps

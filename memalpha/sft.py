@@ -3,7 +3,7 @@
 The untrained 135M policy writes prose, never tool calls; a short SFT on the rule writer's outputs
 teaches it the JSON-lines format before GRPO. Demonstrations are built exactly as rollouts see chunks:
 the rule writer runs over each training instance with an evolving memory, and each prompt is
-`render_writer_prompt` of that memory and chunk.
+the prompt of a memalpha.episode over that instance.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 
 from memalpha.config import RunConfig, SFTConfig
 from memalpha.data.schema import Instance
+from memalpha.episode import Episode
 from memalpha.memory.schema import get_schema
 from memalpha.parsing import NOTHING_TO_STORE
 from memalpha.rule_writer import RuleWriter, run_rule_writer
@@ -80,15 +81,12 @@ def build_demonstrations(
     skip_demos: list[Demonstration] = []
     results_ok: list[bool] = []
     for instance in instances:
-        chunks = instance.chunks
-        if config.data.max_chunks_per_instance:
-            chunks = chunks[: config.data.max_chunks_per_instance]
-        _, steps = run_rule_writer(chunks, writer, config.memory, config.retrieval, tokenizer=tokenizer, count_tokens=counter)
-        for step in steps:
+        episode = Episode(instance, schema, config.memory, config.retrieval, counter, tokenizer)
+        for step in run_rule_writer(episode, writer):
             stats.chunks += 1
             results_ok.extend(r.ok for r in step.results)
             demo = Demonstration(
-                step.prompt, step.completion, instance.instance_id, step.chunk_index,
+                step.prompt, step.completion, instance.instance_id, step.chunk,
                 counter(step.prompt), counter(step.completion) + 1,  # + the end-of-turn token
             )
             if demo.prompt_tokens + demo.completion_tokens > config.sft.max_length:

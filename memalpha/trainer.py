@@ -34,6 +34,7 @@ from memalpha.config import RunConfig
 from memalpha.data.schema import Instance
 from memalpha.generation import left_pad
 from memalpha.grpo import completion_logps, compute_advantages, group_ids, group_std, grpo_loss
+from memalpha.episode import truncate_for_training
 from memalpha.rollout import RolloutBatch, Sample, collect_rollouts
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
 SFT_DIR = "sft"
 TOOL_NAMES = ("memory_insert", "memory_update", "memory_delete")
+REWARD_COMPONENTS = ("r1", "r2", "r3", "r4", "coverage")
 
 
 @dataclass
@@ -63,8 +65,19 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_training_data(config: RunConfig, tokenizer=None) -> dict[str, list[Instance]]:
-    """Instances of config.data.train_path by split, restricted to config.data.competencies.
+@dataclass
+class TrainingData:
+    """Instances by split, truncated for training, and how many each split lost to truncation."""
+
+    splits: dict[str, list[Instance]]
+    dropped: dict[str, int]
+    """Per split: instances dropped because no question stayed answerable from the kept chunks."""
+
+
+def load_training_data(config: RunConfig, tokenizer=None) -> TrainingData:
+    """Instances of config.data.train_path by split, restricted to config.data.competencies and truncated
+    to data.max_chunks_per_instance (questions whose evidence does not all survive are dropped, then
+    instances without a question; memalpha.episode.truncate_for_training).
 
     A missing dataset folder is generated first with the seeded synthetic `train` preset (so training
     works on a fresh machine).
@@ -85,9 +98,17 @@ def load_training_data(config: RunConfig, tokenizer=None) -> dict[str, list[Inst
     for instance in read_dataset(path):
         if instance.competency in wanted:
             splits.setdefault(instance.split, []).append(instance)
+    dropped = {}
+    for split, instances in splits.items():
+        splits[split], dropped[split] = truncate_for_training(instances, config.data.max_chunks_per_instance)
+        if dropped[split]:
+            log.info("%s: %d %s instances dropped: no question answerable from their first %d chunks",
+                     path, dropped[split], split, config.data.max_chunks_per_instance)
     if not splits["train"]:
-        raise UserError(f"{path}: no training instances with competency in {sorted(wanted)}")
-    return splits
+        raise UserError(f"{path}: no training instances with competency in {sorted(wanted)}"
+                        + (f" and a question answerable from the first {config.data.max_chunks_per_instance} chunks"
+                           if dropped["train"] else ""))
+    return TrainingData(splits, dropped)
 
 
 def _regex_tokenizer():
@@ -124,7 +145,7 @@ def prepare_warm_start(config: RunConfig, run_dir: str | Path) -> Path | None:
         return None
     policy = load_policy(config.model, seed=config.grpo.seed)
     data = load_training_data(config, policy.tokenizer)
-    return warm_start(config, Path(run_dir), policy, data["train"])
+    return warm_start(config, Path(run_dir), policy, data.splits["train"])
 
 
 def _needs_warm_start(run_dir: Path) -> bool:
@@ -146,7 +167,9 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         cfg = config.grpo
         self.policy = load_policy(config.model, seed=cfg.seed)
-        self.data = load_training_data(config, self.policy.tokenizer)
+        loaded = load_training_data(config, self.policy.tokenizer)
+        self.data = loaded.splits
+        self.dropped_instances = loaded.dropped
         self.warm_start_dir: Path | None = None
         if config.sft.enabled and _needs_warm_start(self.run_dir):
             self.warm_start_dir = warm_start(config, self.run_dir, self.policy, self.data["train"])
@@ -213,6 +236,7 @@ class Trainer:
             "timing/step_s": time.perf_counter() - started,
             "throughput/generated_tokens_per_s": batch.generated_tokens / max(batch.generate_s, 1e-9),
             "data/epoch": float(self.epoch),
+            "data/dropped_instances": float(self.dropped_instances.get("train", 0)),
         })
         self.history.append({"step": self.step, **metrics})
         with open(self.run_dir / METRICS_FILE, "a") as fh:
@@ -309,7 +333,7 @@ class Trainer:
             "reward": float(rewards.mean()) if len(samples) else 0.0,
             "reward_std": float(stds.mean()) if len(samples) else 0.0,
             "frac_reward_zero_std": float(zero_std.float().mean()) if len(samples) else 0.0,
-            **{f"rewards/{c}/mean": sum(getattr(s.reward, c) for s in samples) / n for c in ("r1", "r2", "r3", "r4")},
+            **{f"rewards/{c}/mean": sum(getattr(s.reward, c) for s in samples) / n for c in REWARD_COMPONENTS},
             "loss": update["loss"],
             "kl": update["kl"] / tokens,
             "clip_ratio": (update["low"] + update["high"]) / tokens,
@@ -344,7 +368,7 @@ class Trainer:
             raise UserError(f"{self.config.data.train_path}: no {split!r} instances to evaluate on")
         started = time.perf_counter()
         batch = collect_rollouts(self.policy, instances, self.config, num_generations=1, generator=None,
-                                 reader=self.reader, judge=self.judge, greedy=True)
+                                 reader=self.reader, judge=self.judge, greedy=True, reader_view_mode="retrieve")
         return evaluation_metrics(batch, time.perf_counter() - started)
 
     # ---- checkpoints -----------------------------------------------------------------------------
@@ -428,7 +452,8 @@ def samples_frame(samples: list[Sample]) -> pl.DataFrame:
             "parsed_calls": json.dumps([c.to_dict() for c in s.parse.calls]),
             "results": json.dumps([x.to_dict() for x in s.results], default=str),
             "memory": s.memory_json,
-            "r1": r.r1, "r2": r.r2, "r3": r.r3, "r4": r.r4, "reward": r.total, "advantage": s.advantage,
+            "r1": r.r1, "r2": r.r2, "r3": r.r3, "r4": r.r4, "coverage": r.coverage, "holds_evidence": r.holds_evidence,
+            "reward": r.total, "advantage": s.advantage,
             "calls": r.calls, "executed": r.executed, "valid": r.valid, "nothing_to_store": r.nothing_to_store,
             "prompt_tokens": len(s.prompt_ids), "completion_tokens": len(s.completion_ids), "truncated": s.truncated,
             "memory_tokens": s.memory_tokens, "memory_entries": s.memory_entries,
@@ -454,7 +479,7 @@ def evaluation_metrics(batch: RolloutBatch, seconds: float = 0.0) -> dict[str, f
     return {
         "eval/qa_score": sum(batch.qa_scores) / max(len(batch.qa_scores), 1),
         "eval/reward": sum(s.reward.total for s in samples) / n,
-        **{f"eval/{c}": sum(getattr(s.reward, c) for s in samples) / n for c in ("r1", "r2", "r3", "r4")},
+        **{f"eval/{c}": sum(getattr(s.reward, c) for s in samples) / n for c in REWARD_COMPONENTS},
         "eval/tool_calls_per_chunk": calls / n,
         "eval/tool_success": sum(s.reward.executed for s in samples) / calls if calls else 0.0,
         "eval/nothing_to_store": sum(s.parse.nothing_to_store for s in samples) / n,

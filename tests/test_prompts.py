@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from memalpha.config import MemoryConfig
 from memalpha.memory.schema import MEMALPHA_SCHEMA, PERSONA_SCHEMA
 from memalpha.memory.store import MemoryStore
+from memalpha.memory.views import writer_view
 from memalpha.models.loading import build_tiny
 from memalpha.parsing import parse_tool_calls
 from memalpha.prompts import (
@@ -55,7 +55,8 @@ def test_render_writer_prompt_shows_memory_view_and_chunk(tokenizer):
     index = MemoryIndex(store, RetrievalConfig())
     execute_text(store, '{"name": "memory_insert", "arguments": {"memory_type": "semantic", "content": "Maya owns a cat named Mochi."}}', 0)
     chunk = "The following is a conversation. Please remember it.\n\nMaya: Mochi learned a new trick."
-    prompt = render_writer_prompt(tokenizer, store, chunk, MemoryConfig(), index.search)
+    view = writer_view(store, chunk, index.search)
+    prompt = render_writer_prompt(tokenizer, MEMALPHA_SCHEMA, view, chunk)
     assert prompt.endswith("<|im_start|>assistant\n")
     assert "- sem-1: Maya owns a cat named Mochi." in prompt
     assert prompt.index("Memory:") < prompt.index("New chunk:") < prompt.index("Mochi learned")
@@ -71,8 +72,8 @@ def test_writer_view_budget_bounds_the_prompt(tokenizer):
     store = MemoryStore(MEMALPHA_SCHEMA, count)
     for i in range(200):
         store.insert("semantic", f"Fact number {i} about the garden and the harbour.", 0)
-    small = render_writer_prompt(tokenizer, store, "x", MemoryConfig(writer_view_tokens=128))
-    large = render_writer_prompt(tokenizer, store, "x", MemoryConfig(writer_view_tokens=1024, writer_newest_entries=50))
+    small = render_writer_prompt(tokenizer, MEMALPHA_SCHEMA, writer_view(store, "x", budget_tokens=128), "x")
+    large = render_writer_prompt(tokenizer, MEMALPHA_SCHEMA, writer_view(store, "x", budget_tokens=1024, newest=50), "x")
     system = count(writer_system_prompt(MEMALPHA_SCHEMA))
     assert count(small) <= system + 128 + 40
     assert count(small) < count(large)

@@ -10,7 +10,7 @@ from memalpha.data.io import write_dataset
 from memalpha.data.schema import Instance, Question
 from memalpha.models.policy import load_policy
 from memalpha.models.readers import make_reader
-from memalpha.rollout import collect_rollouts, truncate_instance
+from memalpha.rollout import collect_rollouts
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 PEOPLE = ["Priya", "Javier", "Clara", "Hiro", "Ines", "Luca", "Maya", "Oscar"]
@@ -96,9 +96,14 @@ def test_rewards_follow_the_memory_and_are_shared_within_a_rollout(dataset, rand
         assert samples[0].reward.r1 == (1.0 if gold in store.to_json() else 0.0) == batch.qa_scores[r]
         for s in samples:
             ok = sum(x.ok for x in s.results)
-            assert s.reward.r2 == (ok / len(s.results) if s.results else 0.0)
             b = s.reward
-            assert b.total == pytest.approx(b.r1 + b.r2 + config.reward.beta * b.r3 + config.reward.gamma * b.r4)
+            if s.results:
+                assert b.r2 == ok / len(s.results)
+            # chunk 0 holds the evidence (its format counts as far as it covers), chunk 1 none
+            assert b.holds_evidence == (s.chunk == 0)
+            gate = b.coverage if b.holds_evidence else 1.0
+            assert b.total == pytest.approx(b.r1 + b.coverage + gate * (b.r2 + config.reward.gamma * b.r4)
+                                            + config.reward.beta * b.r3)
     assert batch.trace["span_type"] == "AGENT" and batch.trace["children"][0]["children"][0]["name"] == "generate"
 
 
@@ -113,11 +118,3 @@ def test_rollouts_are_reproducible_from_the_generator(dataset, random_adapter):
     ]
     texts = [[s.completion for s in run.samples] for run in runs]
     assert texts[0] == texts[1] and texts[0] != texts[2]
-
-
-def test_truncation_keeps_answerable_questions():
-    inst = make_instances()[0]
-    inst.questions.append(Question("q1", "Where did Priya move?", ["Lisbon"], "single_hop", [1]))
-    cut = truncate_instance(inst, 1)
-    assert cut.chunks == inst.chunks[:1] and [q.question_id for q in cut.questions] == ["q0"]
-    assert truncate_instance(inst, 0) is inst

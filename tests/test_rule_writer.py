@@ -8,15 +8,17 @@ import pytest
 
 from memalpha.config import RunConfig
 from memalpha.data.synth import SynthConfig, generate
+from memalpha.episode import Episode
 from memalpha.memory.schema import MEMALPHA_SCHEMA, PERSONA_SCHEMA
 from memalpha.memory.store import MemoryStore
-from memalpha.memory.views import reader_view
+from memalpha.memory.views import reader_view, view_ids
 from memalpha.metrics import score_answer
 from memalpha.models.readers import EvidenceReader, ReaderItem
 from memalpha.parsing import NOTHING_TO_STORE, parse_tool_calls
 from memalpha.retrieval import MemoryIndex
 from memalpha.rewards import rule_verdicts
-from memalpha.rule_writer import RuleWriter, run_rule_writer, third_person, visible_ids
+from memalpha.rule_writer import RuleWriter, run_rule_writer, third_person
+from memalpha.tokens import regex_token_count
 from memalpha.tools import execute_text
 
 HEADER = "The following is a conversation from 9:45 pm on 23 March, 2023. Please remember it.\n\n"
@@ -143,7 +145,7 @@ def test_persona_schema_writes_to_its_lists():
 
 
 def test_visible_ids_read_from_a_rendered_view():
-    assert visible_ids("[semantic]\n- sem-3: a\n- sem-10: b\n[episodic]\n- epi-4: c\nnot - x-1: y") == {"sem-3", "sem-10", "epi-4"}
+    assert view_ids("[semantic]\n- sem-3: a\n- sem-10: b\n[episodic]\n- epi-4: c\nnot - x-1: y") == {"sem-3", "sem-10", "epi-4"}
 
 
 def test_on_synthetic_data_high_evidence_recall_and_valid_calls():
@@ -152,7 +154,9 @@ def test_on_synthetic_data_high_evidence_recall_and_valid_calls():
     writer = RuleWriter(MEMALPHA_SCHEMA, max_completion_tokens=256)
     scores, valid, ok, skipped = [], [], [], []
     for instance in instances:
-        store, steps = run_rule_writer(instance.chunks, writer, cfg.memory, cfg.retrieval)
+        episode = Episode(instance, MEMALPHA_SCHEMA, cfg.memory, cfg.retrieval, regex_token_count)
+        steps = run_rule_writer(episode, writer)
+        store = episode.store
         index = MemoryIndex(store, cfg.retrieval)
         items = [ReaderItem(reader_view(store, q.question, index.search), q) for q in instance.questions]
         for q, answer in zip(instance.questions, EvidenceReader().answer(items)):
@@ -161,7 +165,7 @@ def test_on_synthetic_data_high_evidence_recall_and_valid_calls():
         for step, verdicts in zip(steps, rule_verdicts([s.results for s in steps], store)):
             valid += verdicts
             ok += [r.ok for r in step.results]
-            skipped.append(step.nothing_to_store)
+            skipped.append(step.parse.nothing_to_store)
 
     def mean(competency: str) -> float:
         values = [s for c, s in scores if c == competency]

@@ -9,15 +9,14 @@ import torch
 
 from memalpha.config import load_config
 from memalpha.data.synth import SynthConfig, generate
+from memalpha.episode import Episode
 from memalpha.memory.schema import MEMALPHA_SCHEMA
-from memalpha.memory.store import MemoryStore
+from memalpha.memory.views import view_ids, writer_view
 from memalpha.models.policy import load_policy
 from memalpha.parsing import parse_tool_calls
 from memalpha.prompts import render_writer_prompt
-from memalpha.retrieval import MemoryIndex
-from memalpha.rule_writer import RuleWriter, visible_ids
+from memalpha.rule_writer import RuleWriter
 from memalpha.sft import Demonstration, DemoStats, build_demonstrations, run_sft
-from memalpha.tools import execute_text
 
 OVERRIDES = ["model.policy=tiny", "model.dtype=float32", "model.device=cpu", "sft.max_length=768", "sft.batch_size=4"]
 
@@ -46,15 +45,16 @@ def test_demonstrations_match_rollout_prompts(config, instances):
         parsed = parse_tool_calls(demo.completion)
         assert parsed.nothing_to_store or (parsed.calls and not parsed.errors)
         # replaying the rule writer's own outputs up to this chunk reproduces the prompt exactly
-        instance = by_id[demo.instance_id]
-        store = MemoryStore(MEMALPHA_SCHEMA, policy.count_tokens)
-        index = MemoryIndex(store, config.retrieval)
+        episode = Episode(by_id[demo.instance_id], MEMALPHA_SCHEMA, config.memory, config.retrieval,
+                          policy.count_tokens, policy.tokenizer)
         writer = RuleWriter(MEMALPHA_SCHEMA, max_completion_tokens=config.rollout.max_completion_length, count_tokens=policy.count_tokens)
-        for t in range(demo.chunk_index):
-            prompt = render_writer_prompt(policy.tokenizer, store, instance.chunks[t], config.memory, index.search)
-            execute_text(store, writer.write(instance.chunks[t], store, visible_ids(prompt)), t)
-        chunk = instance.chunks[demo.chunk_index]
-        assert demo.prompt == render_writer_prompt(policy.tokenizer, store, chunk, config.memory, index.search)
+        for _ in range(demo.chunk_index):
+            prompt = render_writer_prompt(policy.tokenizer, MEMALPHA_SCHEMA, writer_view(
+                episode.store, episode.chunk_text, episode.index.search, config.memory.writer_view_tokens,
+                config.memory.writer_newest_entries, config.memory.writer_relevant_entries), episode.chunk_text)
+            assert episode.prompt() == prompt
+            episode.step(writer.write(episode.chunk_text, episode.store, view_ids(prompt)))
+        assert demo.prompt == episode.prompt()
 
 
 def test_demonstrations_drop_pairs_that_would_be_truncated(instances):

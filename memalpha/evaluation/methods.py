@@ -30,12 +30,12 @@ import yaml
 from memalpha.cli import UserError
 from memalpha.config import RunConfig
 from memalpha.data.schema import Instance
-from memalpha.memory import MemoryStore, get_schema, reader_view, truncate_to_tokens, writer_view
+from memalpha.episode import Episode
+from memalpha.memory import MemoryStore, get_schema, reader_view, truncate_to_tokens
 from memalpha.models.policy import ADAPTER_CONFIG
 from memalpha.retrieval import ChunkIndex, MemoryIndex
-from memalpha.rule_writer import RuleWriter
+from memalpha.rule_writer import RuleWriter, run_rule_writer
 from memalpha.tokens import TokenCounter
-from memalpha.tools import execute_text
 
 if TYPE_CHECKING:
     from memalpha.retrieval import TextEncoder
@@ -45,7 +45,6 @@ BASELINES = ("rule_writer", "rag_top2", "long_context", "no_memory")
 ALL_METHODS = ("policy", "base", "sft", "rule_writer", "long_context", "rag_top2", "no_memory")
 
 _WORD_START = re.compile(r"\S+")
-_VIEW_ID = re.compile(r"^- (\S+?):", re.M)
 
 
 @dataclass
@@ -201,11 +200,6 @@ class RagTopK(Method):
         return built
 
 
-def visible_ids(view: str) -> set[str]:
-    """Entry ids a writer view shows (lines `- <id>: content`)."""
-    return set(_VIEW_ID.findall(view))
-
-
 class RuleWriterMethod(Method):
     """The rule-based writer builds the memory chunk by chunk through the tools, seeing what a policy
     sees (it can only update entries the writer view shows)."""
@@ -219,29 +213,19 @@ class RuleWriterMethod(Method):
         )
         built = []
         for inst in instances:
-            store = self.env.new_store()
-            index = MemoryIndex(store, cfg.retrieval, self.env.embedder)
-            calls = ok = 0
-            for position, chunk in enumerate(inst.chunks):
-                view = writer_view(
-                    store, chunk, search=index.search, budget_tokens=cfg.memory.writer_view_tokens,
-                    newest=cfg.memory.writer_newest_entries, relevant=cfg.memory.writer_relevant_entries,
-                )
-                text = writer.write(chunk, store, visible_ids(view))
-                _, results = execute_text(store, text, position)
-                calls += len(results)
-                ok += sum(r.ok for r in results)
+            episode = Episode(inst, self.env.schema, cfg.memory, cfg.retrieval, self.env.count_tokens,
+                              embedder=self.env.embedder)
+            results = [r for step in run_rule_writer(episode, writer) for r in step.results]
             built.append(
                 Built(
-                    contexts=self.env.memory_contexts(store, index, inst),
-                    memory_tokens=store.token_count(),
-                    tool_calls=calls,
-                    tool_calls_ok=ok,
-                    memory=store.to_dict(),
+                    contexts=self.env.memory_contexts(episode.store, episode.index, inst),
+                    memory_tokens=episode.store.token_count(),
+                    tool_calls=len(results),
+                    tool_calls_ok=sum(r.ok for r in results),
+                    memory=episode.store.to_dict(),
                 )
             )
         return built
-
 
 
 class PolicyMethod(Method):
@@ -271,11 +255,7 @@ class PolicyMethod(Method):
     def _rollout_config(self) -> RunConfig:
         cfg = self.env.config
         rollout = {"temperature": cfg.eval.temperature or cfg.rollout.temperature, "top_p": cfg.eval.top_p}
-        # every chunk is read at evaluation time, whatever the training truncation
-        return cfg.model_copy(update={
-            "rollout": cfg.rollout.model_copy(update=rollout),
-            "data": cfg.data.model_copy(update={"max_chunks_per_instance": 0}),
-        })
+        return cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update=rollout)})
 
     def build(self, instances: list[Instance], seed: int) -> list[Built]:
         import torch

@@ -2,7 +2,7 @@
 
 from memalpha.memory.schema import MEMALPHA_SCHEMA, PERSONA_SCHEMA, MemorySchema, SectionSpec, get_schema
 from memalpha.memory.store import Entry, FailureReason, MemoryStore, OpResult, truncate_to_tokens
-from memalpha.memory.views import reader_view, writer_view
+from memalpha.memory.views import reader_view, view_ids, whole_view, writer_view
 
 __all__ = [
     "MEMALPHA_SCHEMA",
@@ -16,5 +16,7 @@ __all__ = [
     "get_schema",
     "reader_view",
     "truncate_to_tokens",
+    "view_ids",
+    "whole_view",
     "writer_view",
 ]

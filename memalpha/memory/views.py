@@ -8,6 +8,7 @@ token counter.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
@@ -155,3 +156,19 @@ def reader_view(
         per_section.append([(spec.name, e) for e in ranked])
     return _fit(store, _round_robin(per_section, _item_id), budget_tokens)
 
+
+
+def whole_view(store: MemoryStore, budget_tokens: int) -> str | None:
+    """Every paragraph and entry of the memory, or None when that does not fit in `budget_tokens`."""
+    paragraphs = [(spec.name, _flat(store.paragraph(spec.name))) for spec in store.schema.paragraph_sections]
+    shown = {spec.name: store.entries(spec.name) for spec in store.schema.list_sections}
+    text = _render(paragraphs, shown)
+    return text if store.count_tokens(text) <= budget_tokens else None
+
+
+_VIEW_ID = re.compile(r"^- (?P<id>[a-z0-9_]+-\d+): ", re.M)
+
+
+def view_ids(view: str) -> set[str]:
+    """Entry ids a rendered view shows (entry lines read `- sem-3: content`)."""
+    return {m.group("id") for m in _VIEW_ID.finditer(view)}
