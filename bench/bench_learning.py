@@ -27,7 +27,7 @@ EVAL_ROLLOUTS = 4
 EVAL_INSTANCES = 8
 RUN_DIR = ROOT / "runs" / "bench-learning"
 PLOT = ROOT / "bench" / "results" / "learning.png"
-COMPONENTS = ("r1", "r2", "r3", "r4")
+COMPONENTS = ("r1", "coverage", "r2", "r3", "r4")
 
 
 def held_out(trainer, seed: int) -> dict[str, Any]:
@@ -70,7 +70,7 @@ def run() -> dict[str, Any]:
 
     def record(result) -> None:
         curve.append({"step": result.step, **{k: result.metrics[k] for k in (
-            "reward", "rewards/r1/mean", "rewards/r2/mean", "rewards/r3/mean", "rewards/r4/mean",
+            "reward", "rewards/r1/mean", "rewards/coverage/mean", "rewards/r2/mean", "rewards/r3/mean", "rewards/r4/mean",
             "tool_calls/success_rate", "frac_reward_zero_std", "kl", "entropy", "timing/step_s")}})
         elapsed = time.perf_counter() - grpo_started
         eta = elapsed / result.step * (STEPS - result.step)

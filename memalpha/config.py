@@ -157,7 +157,12 @@ class GRPOConfig(_Section):
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """Divide advantages by the group's std, the batch's std, or not at all (TRL)."""
     advantage_grouping: Literal["instance", "chunk"] = "instance"
-    """Normalise over all chunk-samples of an instance's group (paper) or per chunk position."""
+    """Trajectory sampling: normalise over all chunk-samples of an instance's group (paper) or per chunk position."""
+    sampling: Literal["trajectory", "step"] = "trajectory"
+    """`trajectory`: G whole rollouts per instance (paper). `step`: at every chunk, G candidates from one
+    shared memory state, compared with the per-chunk reward (memalpha.rollout.collect_step_rollouts)."""
+    step_advance: Literal["sample", "best"] = "sample"
+    """Step sampling: the candidate the shared state advances to (a uniform draw, or the best reward)."""
     kl_beta: float = Field(0.0, ge=0)
     """KL coefficient to the reference policy (adapters disabled)."""
     num_iterations: int = Field(1, ge=1)

@@ -255,6 +255,26 @@ def score_episodes(episodes: list[Episode], config: RunConfig, reader, judge=Non
     return out
 
 
+def score_step(episode: Episode, config: RunConfig, judge=None) -> RewardBreakdown:
+    """The per-chunk reward of an episode's last step, judged on the memory right after it: coverage,
+    and r2/r4 under the content gate. The trajectory terms (r1, r3) are 0: they need the final memory.
+    Step-level GRPO compares the G candidates of one memory state with it."""
+    step = episode.steps[-1]
+    t = step.chunk
+    # earlier chunks as empty positions, so the judge sees this step's real chunk index
+    results = [[] for _ in range(t)] + [step.results]
+    verdicts = None
+    if judge is not None:
+        descriptions = {s.name: s.description for s in episode.store.schema.sections}
+        verdicts = llm_verdicts(results, episode.instance.chunks[: t + 1], judge, episode.store, descriptions)
+    unanchored = any(q.evidence_chunks is None for q in episode.instance.questions)
+    [coverage] = chunk_coverage([step.support], [episode.relevant_questions[t]], [0.0] if unanchored else None)
+    rewards = chunk_rewards(0.0, results, [False] * t + [step.parse.nothing_to_store], episode.store.token_count(),
+                            episode.store.count_tokens(episode.instance.chunks[t]), config.reward,
+                            memory=episode.store, verdicts=verdicts, coverage=[coverage] * (t + 1))
+    return rewards[-1]
+
+
 def _writing_chunks(store: MemoryStore, context: str, question: Question) -> list[int]:
     """The chunk that created or last updated each entry the reader was shown for `question`; only the
     entries that bear on its answer count when some do (a whole-memory view shows every entry)."""

@@ -18,7 +18,7 @@ import torch
 
 from memalpha.config import RunConfig
 from memalpha.data.schema import Instance
-from memalpha.episode import Episode, Step, score_episodes
+from memalpha.episode import Episode, Step, score_episodes, score_step
 from memalpha.generation import generate
 from memalpha.memory import MemoryStore, get_schema
 from memalpha.parsing import ParseResult
@@ -164,6 +164,87 @@ def collect_rollouts(
     batch.samples = [s for samples in per_rollout for s in samples]
     batch.trace = rollout_trace(batch, per_rollout[0], 0) if per_rollout else {}
     return batch
+
+
+def collect_step_rollouts(
+    policy,
+    instances: list[Instance],
+    config: RunConfig,
+    *,
+    num_generations: int,
+    generator: torch.Generator | None,
+    reader,
+    judge=None,
+) -> RolloutBatch:
+    """Step-level sampling from a shared memory state (`grpo.sampling=step`).
+
+    Each instance is walked along one memory state. At chunk t its one prompt is sampled G times (the G
+    identical prompts sit next to each other in the batch), each candidate is stepped on a copy of the
+    state and scored with the per-chunk reward (`episode.score_step`), so the G candidates of a group
+    differ only in their action. The state then advances to one candidate (`grpo.step_advance`: a
+    uniformly drawn one keeps the states on-policy, `best` takes the highest reward). After the last
+    chunk the reader answers from the advanced memory: `qa_scores` report the trajectory's QA; they are
+    shared by every candidate of a group, so they would cancel in its advantage and are left out of it.
+    """
+    rcfg = config.rollout
+    schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
+    tokenizer = policy.tokenizer
+    eos_ids = [tokenizer.eos_token_id] + ([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else [])
+    G = num_generations
+    states = [Episode(inst, schema, config.memory, config.retrieval, policy.count_tokens, tokenizer) for inst in instances]
+    chosen: list[list[Sample]] = [[] for _ in instances]
+    batch = RolloutBatch(list(instances), 1, [], [], [], [],
+                         [sum(policy.count_tokens(c) for c in inst.chunks) for inst in instances])
+    with policy.merged_adapter():
+        while active := [b for b, state in enumerate(states) if not state.done]:
+            prompts = [states[b].prompt() for b in active]
+            ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+            cut = [len(x) > rcfg.max_prompt_tokens for x in ids]
+            ids = [x[-rcfg.max_prompt_tokens:] for x in ids]
+            start = time.perf_counter()
+            out = generate(
+                policy.model, [x for x in ids for _ in range(G)], max_new_tokens=rcfg.max_completion_length,
+                eos_token_ids=eos_ids, pad_token_id=tokenizer.pad_token_id, temperature=rcfg.temperature,
+                top_p=rcfg.top_p, generator=generator,
+            )
+            batch.generate_s += time.perf_counter() - start
+            batch.generate_calls += 1
+            batch.generated_tokens += out.num_tokens
+            for i, b in enumerate(active):
+                candidates, group = [], []
+                for g in range(G):
+                    k = i * G + g
+                    branch = states[b].copy()
+                    step = branch.step(tokenizer.decode(out.completion_ids[k], skip_special_tokens=True), prompts[i])
+                    sample = Sample(
+                        instance_index=b, instance_id=branch.instance.instance_id, rollout=g, step=step,
+                        prompt_ids=ids[i], completion_ids=out.completion_ids[k], sampling_logps=out.logps[k],
+                        truncated=out.truncated[k], prompt_truncated=cut[i], memory_json=branch.store.to_json(),
+                        reward=score_step(branch, config, judge),
+                    )
+                    candidates.append(branch)
+                    group.append(sample)
+                batch.samples.extend(group)
+                pick = _advance(group, config.grpo.step_advance, generator)
+                states[b] = candidates[pick]
+                chosen[b].append(group[pick])
+    start = time.perf_counter()
+    scores = score_episodes(states, config, reader, judge)
+    batch.memories = [state.store for state in states]
+    batch.answers = [score.answers for score in scores]
+    batch.qa_scores = [score.qa_score for score in scores]
+    batch.reward_s = time.perf_counter() - start
+    batch.trace = rollout_trace(batch, chosen[0], 0) if chosen else {}
+    return batch
+
+
+def _advance(group: list[Sample], rule: str, generator: torch.Generator | None) -> int:
+    """Which candidate the shared state moves to: a uniform draw (`sample`) or the best reward (`best`,
+    the first on ties)."""
+    if rule == "best":
+        totals = [s.reward.total for s in group]
+        return totals.index(max(totals))
+    return int(torch.randint(len(group), (1,), generator=generator)) if generator is not None else 0
 
 
 def rollout_trace(batch: RolloutBatch, samples: list[Sample], r: int) -> dict:

@@ -35,7 +35,7 @@ from memalpha.data.schema import Instance
 from memalpha.generation import left_pad
 from memalpha.grpo import completion_logps, compute_advantages, group_ids, group_std, grpo_loss
 from memalpha.episode import truncate_for_training
-from memalpha.rollout import RolloutBatch, Sample, collect_rollouts
+from memalpha.rollout import RolloutBatch, Sample, collect_rollouts, collect_step_rollouts
 
 log = logging.getLogger(__name__)
 
@@ -209,13 +209,15 @@ class Trainer:
         cfg = self.config.grpo
         started = time.perf_counter()
         instances = self._next_instances()
-        batch = collect_rollouts(
+        collect = collect_step_rollouts if cfg.sampling == "step" else collect_rollouts
+        batch = collect(
             self.policy, instances, self.config, num_generations=self.config.rollout.num_generations,
             generator=self.generator, reader=self.reader, judge=self.judge,
         )
         samples = batch.samples
         rewards = torch.tensor([s.reward.total for s in samples])
-        groups = group_ids([s.instance_index for s in samples], [s.chunk for s in samples], cfg.advantage_grouping)
+        grouping = "chunk" if cfg.sampling == "step" else cfg.advantage_grouping  # step groups: one state's G candidates
+        groups = group_ids([s.instance_index for s in samples], [s.chunk for s in samples], grouping)
         advantages, zero_std = compute_advantages(rewards, groups, cfg.scale_rewards)
         for sample, adv in zip(samples, advantages.tolist()):
             sample.advantage = adv
@@ -331,6 +333,7 @@ class Trainer:
         first_tokens = max(update["first_tokens"], 1.0)
         metrics = {
             "reward": float(rewards.mean()) if len(samples) else 0.0,
+            "qa_score": sum(batch.qa_scores) / max(len(batch.qa_scores), 1),
             "reward_std": float(stds.mean()) if len(samples) else 0.0,
             "frac_reward_zero_std": float(zero_std.float().mean()) if len(samples) else 0.0,
             **{f"rewards/{c}/mean": sum(getattr(s.reward, c) for s in samples) / n for c in REWARD_COMPONENTS},

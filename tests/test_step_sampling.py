@@ -1,0 +1,113 @@
+"""Step-level GRPO: G candidates from one shared memory state, advantages within them, the state
+advance rule, groups without signal skipped, exact resume."""
+
+import json
+import shutil
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from memalpha.grpo import compute_advantages, group_ids
+from memalpha.models.readers import make_reader
+from memalpha.rollout import _advance, collect_step_rollouts
+from memalpha.trainer import Trainer
+from test_rollout import _policy, make_instances, random_adapter, tiny_config  # noqa: F401  (fixture re-export)
+from test_trainer import _run_dir, _stable
+
+G = 3
+
+
+def test_advantages_are_normalised_over_the_candidates_of_one_state():
+    # 2 instances x 2 chunks x G candidates, hand-made rewards; samples arrive group by group
+    rewards = torch.tensor([1.0, 0.0, 2.0, 5.0, 5.0, 5.0, 0.0, 3.0, 0.0, 1.0, 1.0, 4.0])
+    instances = [0] * 6 + [1] * 6
+    chunks = [0, 0, 0, 1, 1, 1] * 2
+    groups = group_ids(instances, chunks, "chunk")
+    assert groups.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    advantages, zero_std = compute_advantages(rewards, groups, "none")
+    assert advantages.tolist() == pytest.approx([0, -1, 1, 0, 0, 0, -1, 2, -1, -1, -1, 2])
+    assert zero_std.tolist() == [False] * 3 + [True] * 3 + [False] * 6
+    scaled, _ = compute_advantages(rewards, groups, "group")
+    assert scaled[:3].tolist() == pytest.approx([0, -1 / (1 + 1e-4), 1 / (1 + 1e-4)])
+
+
+def test_the_state_advances_to_a_drawn_or_the_best_candidate():
+    group = [SimpleNamespace(reward=SimpleNamespace(total=t)) for t in (0.5, 2.0, 2.0, 1.0)]
+    assert _advance(group, "best", None) == 1  # the first of the tied best
+    draws = [_advance(group, "sample", torch.Generator().manual_seed(s)) for s in range(40)]
+    assert set(draws) == {0, 1, 2, 3}
+    assert draws == [_advance(group, "sample", torch.Generator().manual_seed(s)) for s in range(40)]
+
+
+@pytest.mark.parametrize("rule", ["sample", "best"])
+def test_candidates_share_one_prompt_and_the_state_follows_the_chosen_one(tmp_path, random_adapter, rule):  # noqa: F811
+    config = tiny_config(tmp_path, "data.max_chunks_per_instance=0", f"grpo.step_advance={rule}")
+    policy = _policy(config, random_adapter)
+    instances = make_instances()[:2]  # 3 and 2 chunks
+    batch = collect_step_rollouts(policy, instances, config, num_generations=G,
+                                  generator=torch.Generator().manual_seed(0), reader=make_reader(config.model))
+    assert batch.generate_calls == 3 and len(batch.samples) == G * (3 + 2) and len(batch.memories) == 2
+    by_group: dict = {}
+    for s in batch.samples:
+        by_group.setdefault((s.instance_index, s.chunk), []).append(s)
+    for (b, t), group in by_group.items():
+        assert [s.rollout for s in group] == list(range(G))
+        assert len({tuple(s.prompt_ids) for s in group}) == 1  # identical prompts: one state
+        assert all(s.reward is not None and s.reward.r1 == 0.0 for s in group)
+    last = {b: by_group[(b, len(instances[b].chunks) - 1)] for b in range(2)}
+    for b, group in last.items():
+        followed = [s for s in group if s.memory_json == batch.memories[b].to_json()]
+        assert followed  # the final memory is one candidate's
+        if rule == "best":
+            assert max(s.reward.total for s in followed) == max(s.reward.total for s in group)
+    assert len(batch.qa_scores) == 2 and batch.trace["name"] == "rollout"
+
+
+def _step_config(data_dir, *overrides):
+    return tiny_config(data_dir, "sft.enabled=true", "grpo.sampling=step", "grpo.learning_rate=0.05",
+                       "grpo.checkpoint_every=2", "grpo.steps=3", "rollout.num_generations=3", *overrides)
+
+
+@pytest.fixture(scope="module")
+def step_run(tmp_path_factory, random_adapter):  # noqa: F811
+    from test_rollout import make_dataset
+
+    tmp = tmp_path_factory.mktemp("step")
+    data = make_dataset(tmp / "data")
+    run = _run_dir(tmp, random_adapter)
+    trainer = Trainer(_step_config(data), run)
+    results = []
+    trainer.train(results.append)
+    return data, run, results
+
+
+def test_groups_without_signal_are_counted_and_not_trained_on(step_run):
+    _, _, results = step_run
+    for result in results:
+        m = result.metrics
+        frame = result.samples
+        assert frame.height == 2 * 2 * 3  # B instances x 2 chunks x G candidates
+        zero = 0
+        for (_, _), group in frame.group_by(["instance", "chunk"]):
+            if group["reward"].n_unique() == 1:
+                zero += group.height
+                assert group["advantage"].abs().max() == 0
+        assert m["frac_reward_zero_std"] == pytest.approx(zero / frame.height)
+        assert m["update/skipped_samples"] == zero  # no forward/backward for them (kl_beta = 0)
+
+
+def test_step_level_resume_reproduces_the_uninterrupted_run(step_run, tmp_path):
+    data, run, results = step_run
+    copy = tmp_path / "resumed"
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "checkpoints" / "step-000003")
+    trainer = Trainer(_step_config(data), copy)
+    assert trainer.maybe_resume() and trainer.step == 2
+    result = trainer.train_step()
+    expected, got = _stable(results[2].metrics), _stable(result.metrics)
+    assert expected.keys() == got.keys()
+    for key in expected:
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
+    assert result.samples["completion"].to_list() == results[2].samples["completion"].to_list()
+    assert json.loads(results[2].samples["memory"][0]) == json.loads(result.samples["memory"][0])
