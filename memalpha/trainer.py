@@ -32,16 +32,16 @@ from memalpha.checkpoint import CheckpointState, latest_checkpoint, load_checkpo
 from memalpha.cli import UserError
 from memalpha.config import RunConfig
 from memalpha.data.schema import Instance
+from memalpha.episode import truncate_for_training
 from memalpha.generation import left_pad
 from memalpha.grpo import completion_logps, compute_advantages, group_ids, group_std, grpo_loss
-from memalpha.episode import truncate_for_training
 from memalpha.rollout import RolloutBatch, Sample, collect_rollouts, collect_step_rollouts
+from memalpha.tools import TOOL_NAMES
 
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 SFT_DIR = "sft"
-TOOL_NAMES = ("memory_insert", "memory_update", "memory_delete")
 REWARD_COMPONENTS = ("r1", "r2", "r3", "r4", "coverage")
 
 

@@ -40,8 +40,6 @@ from memalpha.tokens import TokenCounter
 if TYPE_CHECKING:
     from memalpha.retrieval import TextEncoder
 
-MEMORY_METHODS = ("policy", "base", "sft", "rule_writer")
-BASELINES = ("rule_writer", "rag_top2", "long_context", "no_memory")
 ALL_METHODS = ("policy", "base", "sft", "rule_writer", "long_context", "rag_top2", "no_memory")
 
 _WORD_START = re.compile(r"\S+")

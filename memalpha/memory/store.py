@@ -174,9 +174,6 @@ class MemoryStore:
     def entry_count(self) -> int:
         return len(self._section_of)
 
-    def section_entry_count(self, section: str) -> int:
-        return len(self._entries[section])
-
     # ---- listeners -----------------------------------------------------------------------------
 
     def add_listener(self, fn: Listener) -> None:
@@ -185,9 +182,6 @@ class MemoryStore:
         For a delete, `entry` is the removed entry; for an update, the new one.
         """
         self._listeners.append(fn)
-
-    def remove_listener(self, fn: Listener) -> None:
-        self._listeners.remove(fn)
 
     def _emit(self, event: Event, section: str, entry: Entry) -> None:
         for fn in self._listeners:
