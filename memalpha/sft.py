@@ -106,6 +106,61 @@ def build_demonstrations(
 
 
 @dataclass
+class Probe:
+    """A held-out writer step: the episode just before a chunk, as the rule writer left it."""
+
+    episode: Episode
+    holds_evidence: bool
+
+
+def extraction_probes(instances: list[Instance], config: RunConfig, tokenizer, count: int) -> list[Probe]:
+    """Up to `count` held-out chunks (evidence and no-evidence chunks in the data's proportion, spread over
+    the instances), each with the memory the rule writer built before it."""
+    counter = tokenizer_counter(tokenizer)
+    schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
+    writer = RuleWriter(schema, max_completion_tokens=config.rollout.max_completion_length, count_tokens=counter)
+    probes: list[Probe] = []
+    for instance in instances:
+        episode = Episode(instance, schema, config.memory, config.retrieval, counter, tokenizer)
+        while not episode.done:
+            probes.append(Probe(episode.copy(), bool(episode.relevant_questions[episode.position])))
+            episode.step(writer.write(episode.chunk_text, episode.store, episode.visible_ids()))
+    random.Random(0).shuffle(probes)
+    return probes[:count]
+
+
+def extraction_metrics(policy, probes: list[Probe], max_new_tokens: int) -> dict[str, float]:
+    """Greedy outputs on held-out chunks: `valid_calls` (share of outputs that parse whole: calls or an
+    explicit skip), `evidence_recall` (mean coverage support of the gold facts of evidence chunks),
+    `skip_accuracy` (share of chunks where the writer skipped exactly when the chunk holds no evidence)."""
+    from memalpha.generation import generate
+
+    tokenizer = policy.tokenizer
+    ids = [tokenizer(p.episode.prompt(), add_special_tokens=False)["input_ids"] for p in probes]
+    eos = [tokenizer.eos_token_id] + ([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else [])
+    was_training = policy.model.training
+    policy.model.eval()
+    try:
+        with torch.no_grad():
+            out = generate(policy.model, ids, max_new_tokens=max_new_tokens, eos_token_ids=eos,
+                           pad_token_id=tokenizer.pad_token_id, greedy=True)
+    finally:
+        policy.model.train(was_training)
+    valid = recall = skips = 0.0
+    evidence = 0
+    for probe, completion in zip(probes, out.completion_ids):
+        step = probe.episode.copy().step(tokenizer.decode(completion, skip_special_tokens=True))
+        skipped = step.parse.nothing_to_store
+        valid += not step.parse.errors and (skipped or bool(step.parse.calls))
+        skips += skipped != probe.holds_evidence
+        if probe.holds_evidence:
+            evidence += 1
+            recall += sum(step.support.values()) / len(step.support)
+    n = max(len(probes), 1)
+    return {"valid_calls": valid / n, "evidence_recall": recall / max(evidence, 1), "skip_accuracy": skips / n}
+
+
+@dataclass
 class SFTResult:
     """Outcome of run_sft: where the adapter is, the per-step losses and timings."""
 
@@ -115,6 +170,9 @@ class SFTResult:
     seconds: float = 0.0
     seconds_per_step: float = 0.0
     train_tokens: int = 0
+    epochs: list[dict] = field(default_factory=list)
+    """Per epoch: held-out extraction metrics (`extraction_metrics`) after it, and the step."""
+    best_epoch: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -199,6 +257,8 @@ def run_sft(
     max_steps: int | None = None,
     seed: int = 0,
     on_log: Callable[[dict], None] | None = None,
+    probes: list[Probe] | None = None,
+    max_new_tokens: int = 96,
 ) -> SFTResult:
     """Train the policy's LoRA adapter on the demonstrations with TRL's SFTTrainer and save it.
 
@@ -207,6 +267,10 @@ def run_sft(
     The policy is already wrapped with the LoRA config of `ModelConfig` (see load_policy), so the trainer
     gets the PeftModel itself and updates only the adapter; the adapter (safetensors) is saved to
     `out_dir` and the policy keeps the trained weights. Loss is on the completion tokens only.
+
+    With `probes`, held-out extraction (`extraction_metrics`) is measured after every epoch and logged as
+    `sft_eval/*`; training stops once evidence recall has not improved by `sft.min_delta` for
+    `sft.patience` epochs, and the adapter of the best epoch is the one kept.
     """
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
@@ -217,6 +281,8 @@ def run_sft(
     out_dir.mkdir(parents=True, exist_ok=True)
     dataset = Dataset.from_list([{"prompt": d.prompt, "completion": d.completion} for d in demos])
     losses: list[float] = []
+    epochs: list[dict] = []
+    best: dict = {"recall": -1.0, "epoch": 0, "weights": None}
 
     class _Record(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -224,6 +290,20 @@ def run_sft(
                 losses.append(float(logs["loss"]))
             if logs and on_log is not None:
                 on_log({"step": state.global_step, **logs})
+
+        def on_epoch_end(self, args, state, control, **kwargs):
+            if not probes:
+                return
+            metrics = extraction_metrics(policy, probes, max_new_tokens)
+            epoch = len(epochs) + 1
+            epochs.append({"epoch": epoch, "step": state.global_step, **metrics})
+            if on_log is not None:
+                on_log({"step": state.global_step, "epoch": epoch, **{f"sft_eval/{k}": v for k, v in metrics.items()}})
+            if metrics["evidence_recall"] > best["recall"] + sft_cfg.min_delta:
+                best.update(recall=metrics["evidence_recall"], epoch=epoch,
+                            weights={k: v.detach().clone() for k, v in policy.model.named_parameters() if v.requires_grad})
+            elif epoch - best["epoch"] >= sft_cfg.patience:
+                control.should_training_stop = True  # a plateau: more epochs only fit the teacher's wording
 
     trainer = _completion_only_trainer()(
         model=policy.model,
@@ -241,6 +321,11 @@ def run_sft(
         policy.model.eval()
         policy.tokenizer.padding_side = "left"  # generation needs left padding again
     seconds = time.perf_counter() - start
+    if best["weights"] is not None and best["epoch"] != len(epochs):
+        with torch.no_grad():
+            for name, param in policy.model.named_parameters():
+                if name in best["weights"]:
+                    param.copy_(best["weights"][name])
     policy.save_adapter(out_dir)
     steps = int(output.global_step)
     result = SFTResult(
@@ -250,6 +335,8 @@ def run_sft(
         seconds=seconds,
         seconds_per_step=seconds / max(steps, 1),
         train_tokens=sum(d.prompt_tokens + d.completion_tokens for d in demos),
+        epochs=epochs,
+        best_epoch=best["epoch"],
     )
     (out_dir / "sft_result.json").write_text(json.dumps(result.to_dict(), indent=2))
     return result

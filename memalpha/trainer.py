@@ -117,10 +117,12 @@ def _regex_tokenizer():
     return regex_token_count
 
 
-def warm_start(config: RunConfig, run_dir: Path, policy, instances: list[Instance]) -> Path:
-    """SFT warm start into run_dir/sft (rule-writer demonstrations + TRL SFTTrainer); the policy ends
-    with the warm-start adapter. An existing adapter there is loaded instead of retraining."""
-    from memalpha.sft import build_demonstrations, run_sft
+def warm_start(config: RunConfig, run_dir: Path, policy, instances: list[Instance],
+               held_out: list[Instance] = (), on_log: Callable[[dict], None] | None = None) -> Path:
+    """SFT warm start into run_dir/sft (rule-writer demonstrations + TRL SFTTrainer), measuring extraction
+    on `sft.eval_chunks` chunks of the `held_out` instances after every epoch; the policy ends with the
+    warm-start adapter. An existing adapter there is loaded instead of retraining."""
+    from memalpha.sft import build_demonstrations, extraction_probes, run_sft
 
     out = Path(run_dir) / SFT_DIR
     if (out / "adapter_model.safetensors").is_file():
@@ -130,10 +132,20 @@ def warm_start(config: RunConfig, run_dir: Path, policy, instances: list[Instanc
     tmp = out.with_name(f".{SFT_DIR}-tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    result = run_sft(policy, demos, tmp, config.sft, seed=config.grpo.seed)
+    probes = extraction_probes(list(held_out), config, policy.tokenizer, config.sft.eval_chunks)
+    result = run_sft(policy, demos, tmp, config.sft, seed=config.grpo.seed, on_log=on_log or _log_sft,
+                     probes=probes, max_new_tokens=config.rollout.max_completion_length)
     tmp.rename(out)
-    log.info("warm start: %d SFT steps in %.0f s", result.steps, result.seconds)
+    log.info("warm start: %d SFT steps in %.0f s (best epoch %d of %d)", result.steps, result.seconds,
+             result.best_epoch, len(result.epochs))
     return out
+
+
+def _log_sft(record: dict) -> None:
+    """Default progress of the warm start: a line per optimizer step and per held-out evaluation."""
+    wanted = ("loss", "epoch", "sft_eval/")
+    shown = {k: round(v, 4) for k, v in record.items() if isinstance(v, (int, float)) and k.startswith(wanted)}
+    log.info("warm start step %s: %s", record.get("step"), shown)
 
 
 def prepare_warm_start(config: RunConfig, run_dir: str | Path) -> Path | None:
@@ -145,7 +157,7 @@ def prepare_warm_start(config: RunConfig, run_dir: str | Path) -> Path | None:
         return None
     policy = load_policy(config.model, seed=config.grpo.seed)
     data = load_training_data(config, policy.tokenizer)
-    return warm_start(config, Path(run_dir), policy, data.splits["train"])
+    return warm_start(config, Path(run_dir), policy, data.splits["train"], data.splits["validation"])
 
 
 def _needs_warm_start(run_dir: Path) -> bool:
@@ -172,7 +184,7 @@ class Trainer:
         self.dropped_instances = loaded.dropped
         self.warm_start_dir: Path | None = None
         if config.sft.enabled and _needs_warm_start(self.run_dir):
-            self.warm_start_dir = warm_start(config, self.run_dir, self.policy, self.data["train"])
+            self.warm_start_dir = warm_start(config, self.run_dir, self.policy, self.data["train"], self.data["validation"])
         self.reader = make_reader(config.model, self.policy)
         self.judge = make_judge(config.model, self.policy) if config.reward.judge == "llm" else None
         seed_everything(cfg.seed)  # identical state whether the warm start ran now or was loaded
@@ -193,14 +205,32 @@ class Trainer:
         random.Random(self.config.grpo.seed * 1_000_003 + epoch).shuffle(order)
         return order
 
+    def curriculum_chunks(self) -> int:
+        """Chunks per instance at the coming step under data.chunk_curriculum (0: no curriculum)."""
+        chunks = 0
+        for start, size in self.config.data.chunk_curriculum:
+            if self.step >= start:
+                chunks = size
+        return chunks
+
     def _next_instances(self) -> list[Instance]:
+        """The next B training instances in the epoch's order, cut to the curriculum's length; an instance
+        left without an answerable question is passed over (the data position still moves on)."""
         picked = []
-        for _ in range(self.config.rollout.instances_per_step):
+        chunks = self.curriculum_chunks()
+        passed_over = 0
+        while len(picked) < self.config.rollout.instances_per_step:
             order = self._epoch_order(self.epoch)
-            picked.append(self.data["train"][order[self.position]])
+            if passed_over > len(order):
+                raise UserError(f"{self.config.data.train_path}: no training instance has a question answerable "
+                                f"from its first {chunks} chunks (data.chunk_curriculum)")
+            instance = self.data["train"][order[self.position]]
             self.position += 1
             if self.position == len(order):
                 self.epoch, self.position = self.epoch + 1, 0
+            kept, dropped = truncate_for_training([instance], chunks)
+            picked.extend(kept)
+            passed_over += dropped
         return picked
 
     # ---- one step --------------------------------------------------------------------------------
@@ -238,8 +268,11 @@ class Trainer:
             "timing/step_s": time.perf_counter() - started,
             "throughput/generated_tokens_per_s": batch.generated_tokens / max(batch.generate_s, 1e-9),
             "data/epoch": float(self.epoch),
+            "curriculum/chunks_per_instance": float(max(len(i.chunks) for i in instances)),
             "data/dropped_instances": float(self.dropped_instances.get("train", 0)),
         })
+        if cfg.is_eval_step(self.step):
+            metrics.update(self.evaluate("validation"))
         self.history.append({"step": self.step, **metrics})
         with open(self.run_dir / METRICS_FILE, "a") as fh:
             fh.write(json.dumps({"step": self.step, **metrics}) + "\n")
@@ -365,7 +398,9 @@ class Trainer:
     # ---- evaluation ------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, split: str = "validation") -> dict[str, float]:
-        """Greedy rollouts (G=1) on up to eval.max_instances held-out instances (0 = all): eval/* metrics."""
+        """Greedy rollouts (G=1) on up to eval.max_instances held-out instances (0 = all), read through
+        retrieval as in evaluation: eval/* metrics, QA per competency included. `train_step` runs it
+        after every step `GRPOConfig.is_eval_step` names, so its metrics line carries them."""
         instances = self.data.get(split, [])[: self.config.eval.max_instances or None]
         if not instances:
             raise UserError(f"{self.config.data.train_path}: no {split!r} instances to evaluate on")
@@ -479,8 +514,13 @@ def evaluation_metrics(batch: RolloutBatch, seconds: float = 0.0) -> dict[str, f
     samples = batch.samples
     n = max(len(samples), 1)
     calls = sum(s.reward.calls for s in samples)
+    by_competency: dict[str, list[float]] = {}
+    for r, answers in enumerate(batch.answers):
+        competency = batch.instances[r // batch.num_generations].competency
+        by_competency.setdefault(competency, []).extend(a["score"] for a in answers)
     return {
         "eval/qa_score": sum(batch.qa_scores) / max(len(batch.qa_scores), 1),
+        **{f"eval/qa/{c}": sum(v) / len(v) for c, v in sorted(by_competency.items()) if v},
         "eval/reward": sum(s.reward.total for s in samples) / n,
         **{f"eval/{c}": sum(getattr(s.reward, c) for s in samples) / n for c in REWARD_COMPONENTS},
         "eval/tool_calls_per_chunk": calls / n,

@@ -21,7 +21,7 @@ import polars as pl
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from memalpha.config import RunConfig
+from memalpha.config import GRPOConfig, RunConfig
 from tasks import tracking
 
 FAIL_AT_STEP_ENV = "MEMALPHA_FAIL_AT_STEP"
@@ -39,7 +39,8 @@ class InjectedFailure(RuntimeError):
 
 def block_bounds(steps: int, checkpoint_every: int, eval_every: int) -> list[tuple[int, int]]:
     """(first, last) step of each block: blocks end at every checkpoint, every evaluation and the last step."""
-    ends = sorted({s for s in range(1, steps + 1) if s % checkpoint_every == 0 or s % eval_every == 0} | {steps})
+    schedule = GRPOConfig(steps=steps, eval_every=eval_every)
+    ends = sorted({s for s in range(1, steps + 1) if s % checkpoint_every == 0 or schedule.is_eval_step(s)})
     bounds, first = [], 1
     for end in ends:
         if end >= first:
@@ -87,11 +88,11 @@ def close_run(run_id: str, status: str = "FINISHED") -> None:
     tracking.configure().set_terminated(run_id, status=status)
 
 
-def _stage_step(run_dir: Path, result, extra: dict[str, float], seconds: float) -> None:
+def _stage_step(run_dir: Path, result, seconds: float) -> None:
     """Write one step's results to disk; `publish_block` logs them once the checkpoint exists."""
     folder = _step_dir(run_dir, result.step)
     folder.mkdir(parents=True, exist_ok=True)
-    metrics = {**result.metrics, **extra, tracking.STEP_SENTINEL: seconds}
+    metrics = {**result.metrics, tracking.STEP_SENTINEL: seconds}
     (folder / "metrics.json").write_text(json.dumps({"step": result.step, "time_ms": tracking.now_ms(),
                                                      "metrics": tracking.finite_metrics(metrics)}))
     result.samples.write_parquet(folder / "samples.parquet")
@@ -218,6 +219,10 @@ def warm_start(config: RunConfig, run_dir: str, run_id: str) -> str | None:
     if not tracking.artifact_exists(run_id, "sft"):
         client.log_artifacts(run_id, str(adapter), "sft")
         client.log_metric(run_id, "sft/seconds", time.perf_counter() - started, step=0)
+        result = Path(adapter) / "sft_result.json"
+        for epoch in json.loads(result.read_text()).get("epochs", []) if result.is_file() else []:
+            metrics = {f"sft_eval/{k}": v for k, v in epoch.items() if k not in ("epoch", "step")}
+            tracking.log_step_metrics(run_id, epoch["epoch"], metrics, tracking.now_ms())
     tracking.set_tags(run_id, {"memalpha.sft_adapter": str(adapter)})
     return str(adapter)
 
@@ -237,11 +242,8 @@ def train_block(config: RunConfig, run_dir: str, run_id: str, first: int, last: 
         raise RuntimeError(f"block {first}-{last} needs the checkpoint of step {first - 1}; latest is step {resumed}")
     while trainer.step < last:
         started = time.perf_counter()
-        result = trainer.train_step()
-        extra: dict[str, float] = {}
-        if result.step == last and (result.step % config.grpo.eval_every == 0 or result.step == config.grpo.steps):
-            extra = trainer.evaluate(split="validation")
-        _stage_step(path, result, extra, time.perf_counter() - started)
+        result = trainer.train_step()  # evaluates held-out instances itself on evaluation steps
+        _stage_step(path, result, time.perf_counter() - started)
         logger.info("step %d: %s", result.step, {k: round(v, 4) for k, v in tracking.finite_metrics(result.metrics).items()
                                                   if k.startswith("reward")})
         _maybe_fail(path, result.step)

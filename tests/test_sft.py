@@ -16,7 +16,7 @@ from memalpha.models.policy import load_policy
 from memalpha.parsing import parse_tool_calls
 from memalpha.prompts import render_writer_prompt
 from memalpha.rule_writer import RuleWriter
-from memalpha.sft import Demonstration, DemoStats, build_demonstrations, run_sft
+from memalpha.sft import Demonstration, DemoStats, build_demonstrations, extraction_probes, run_sft
 
 OVERRIDES = ["model.policy=tiny", "model.dtype=float32", "model.device=cpu", "sft.max_length=768", "sft.batch_size=4"]
 
@@ -155,3 +155,22 @@ def test_completion_loss_equals_the_full_logit_loss(config):
     assert torch.allclose(loss, reference, atol=1e-5)
     summed, _, _ = completion_loss(policy.model, inputs, num_items_in_batch=22)  # half of it over twice the tokens
     assert torch.allclose(summed, reference / 2, atol=1e-5)
+
+
+def test_held_out_extraction_is_measured_each_epoch_and_a_plateau_stops_training(tmp_path, config, instances):
+    policy = load_policy(config.model)
+    demos = _short_demos(policy)[:4]
+    probes = extraction_probes(instances[-2:], config, policy.tokenizer, count=6)
+    assert len(probes) == 6 and any(p.holds_evidence for p in probes)
+    assert all(not p.episode.done for p in probes)  # each probe stops before its chunk
+    sft_cfg = config.sft.model_copy(update={"batch_size": 4, "micro_batch_size": 2, "epochs": 4.0, "patience": 1})
+    logged = []
+    result = run_sft(policy, demos, tmp_path / "warm", sft_cfg, probes=probes, max_new_tokens=8, on_log=logged.append)
+    # the random tiny model never gets better: epoch 2 shows the plateau and training stops there
+    assert [e["epoch"] for e in result.epochs] == [1, 2] and result.best_epoch == 1 and result.steps == 2
+    for epoch in result.epochs:
+        assert {"valid_calls", "evidence_recall", "skip_accuracy"} <= epoch.keys()
+        assert all(0.0 <= epoch[k] <= 1.0 for k in ("valid_calls", "evidence_recall", "skip_accuracy"))
+    assert sum("sft_eval/evidence_recall" in record for record in logged) == 2
+    assert json.loads((tmp_path / "warm" / "sft_result.json").read_text())["epochs"] == result.epochs
+

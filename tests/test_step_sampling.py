@@ -111,3 +111,26 @@ def test_step_level_resume_reproduces_the_uninterrupted_run(step_run, tmp_path):
         assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
     assert result.samples["completion"].to_list() == results[2].samples["completion"].to_list()
     assert json.loads(results[2].samples["memory"][0]) == json.loads(result.samples["memory"][0])
+
+
+def test_the_chunk_curriculum_grows_instances_over_steps(tmp_path, random_adapter):  # noqa: F811
+    from test_rollout import make_dataset
+
+    data = make_dataset(tmp_path / "data")
+    config = tiny_config(data, "data.max_chunks_per_instance=0", "data.chunk_curriculum=[[0, 1], [2, 3]]",
+                         "grpo.steps=3", "grpo.eval_every=10")
+    trainer = Trainer(config, _run_dir(tmp_path, random_adapter))
+    results = []
+    trainer.train(results.append)
+    assert [r.metrics["curriculum/chunks_per_instance"] for r in results] == [1, 1, 3]
+    assert results[0].samples["chunk"].max() == 0 and results[2].samples["chunk"].max() == 2
+
+
+@pytest.mark.parametrize("schedule, message", [
+    ("[[1, 1]]", "start at 0"), ("[[0, 2], [0, 3]]", "increase"), ("[[0, 4]]", "max_chunks_per_instance=2"),
+])
+def test_a_curriculum_the_data_cannot_follow_is_refused(schedule, message):
+    from memalpha.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, ["data.max_chunks_per_instance=2", f"data.chunk_curriculum={schedule}"])

@@ -8,7 +8,6 @@ latest checkpoint.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -63,11 +62,9 @@ def _train(args) -> int:
         bar.update(1)
         bar.set_postfix(reward=f"{m['reward']:.3f}", r1=f"{m['rewards/r1/mean']:.2f}",
                         calls_ok=f"{m['tool_calls/success_rate']:.2f}", step_s=f"{m['timing/step_s']:.0f}")
-        if result.step % cfg.eval_every == 0 or result.step == cfg.steps:
-            metrics = trainer.evaluate("validation")
-            with open(run_dir / METRICS_FILE, "a") as fh:
-                fh.write(json.dumps({"step": result.step, **metrics}) + "\n")
-            bar.write(f"step {result.step}: " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
+        held_out = {k: v for k, v in m.items() if k.startswith("eval/")}
+        if held_out:
+            bar.write(f"step {result.step}: " + ", ".join(f"{k}={v:.3f}" for k, v in held_out.items()))
 
     last = trainer.train(on_step)
     bar.close()
