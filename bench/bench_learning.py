@@ -1,13 +1,15 @@
-"""Learning benchmark: does GRPO improve on the warm start?
+"""Learning benchmark: does the trained writer remember better than its warm start and than RAG?
 
-configs/default.yaml (warm start, then GRPO on synthetic accurate-retrieval data) with `STEPS` GRPO
-steps. The held-out evaluation runs on the validation instances before the first GRPO step (the warm
-start) and after the last one: K sampled rollouts per instance at the training temperature, scored as
-in training. The spread is the standard deviation over the K rollout sets (run-to-run noise of the
-sampled policy); the greedy score is reported too. Target: final - warm start > spread, all within
-60 minutes. Writes learning.json, learning.md and learning.png (reward curve, held-out comparison).
+configs/default.yaml with the settings below (step-level GRPO on synthetic accurate-retrieval and
+conflict-resolution data). The warm start measures held-out extraction after every SFT epoch and stops
+on a plateau; GRPO then runs until `STEPS` steps or until the time left only fits the final evaluation
+(the whole run stays within `BUDGET_S`). Held-out comparison: `TEST_INSTANCES` instances generated with
+seed `TEST_SEED` (training data uses seed 0), all greedy, the evidence reader and the same retrieval
+budget for every method: warm start, trained policy, rule writer, BM25 RAG top-2, long context. A
+policy's `qa_spread` is the std over 3 evaluations sampled at temperature 1. Writes learning.json,
+learning.md and learning.png (SFT curve, GRPO curve with held-out QA, the comparison).
 
-    MEMALPHA_BENCH_LEARNING_STEPS=40 python -m bench.run_all learning
+    python -m bench.run_all learning
 """
 
 from __future__ import annotations
@@ -19,106 +21,161 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = int(os.environ.get("MEMALPHA_BENCH_LEARNING_STEPS", "40"))
-EVAL_ROLLOUTS = 4
-EVAL_INSTANCES = 8
+STEPS = int(os.environ.get("MEMALPHA_BENCH_LEARNING_STEPS", "60"))
+BUDGET_S = float(os.environ.get("MEMALPHA_BENCH_LEARNING_BUDGET_S", str(60 * 60)))
+TEST_INSTANCES = int(os.environ.get("MEMALPHA_BENCH_LEARNING_TEST_INSTANCES", "16"))
+TEST_SEED = 7
+TEST_CHUNKS = 4
+SPREAD_SEEDS = (0, 1, 2)
+COMPETENCIES = ("accurate_retrieval", "conflict_resolution")
 RUN_DIR = ROOT / "runs" / "bench-learning"
 PLOT = ROOT / "bench" / "results" / "learning.png"
-COMPONENTS = ("r1", "coverage", "r2", "r3", "r4")
+OVERRIDES = [
+    f"output_dir={RUN_DIR}", "data.train_path=data/synth-ar-cr", f"data.competencies=[{', '.join(COMPETENCIES)}]", "grpo.sampling=step",
+    "grpo.eval_every=10", "eval.max_instances=8", "eval.batch_size=16", "sft.num_demonstrations=128", "sft.epochs=3", "sft.eval_chunks=24",
+]
+CURVE_KEYS = ("reward", "qa_score", "rewards/coverage/mean", "rewards/r2/mean", "rewards/r4/mean",
+              "tool_calls/success_rate", "tool_calls/nothing_to_store", "frac_reward_zero_std", "timing/step_s")
 
 
-def held_out(trainer, seed: int) -> dict[str, Any]:
-    """K sampled rollouts of each validation instance: per-rollout-set means, their mean and spread."""
-    from memalpha.rollout import collect_rollouts
-    from memalpha.trainer import evaluation_metrics
+def test_instances(tokenizer) -> list:
+    from memalpha.data.synth import SynthConfig, generate
 
-    instances = trainer.data["validation"][:EVAL_INSTANCES]
-    batch = collect_rollouts(trainer.policy, instances, trainer.config, num_generations=EVAL_ROLLOUTS,
-                             generator=torch.Generator().manual_seed(seed), reader=trainer.reader)
-    K = EVAL_ROLLOUTS
-    reward = [statistics.mean(s.reward.total for s in batch.samples if s.rollout == g) for g in range(K)]
-    qa = [statistics.mean(batch.qa_scores[b * K + g] for b in range(len(instances))) for g in range(K)]
-    greedy = trainer.evaluate("validation")
-    return {
-        "reward_mean": statistics.mean(reward), "reward_spread": statistics.stdev(reward), "reward_per_set": reward,
-        **{f"{c}_mean": statistics.mean(getattr(s.reward, c) for s in batch.samples) for c in COMPONENTS},
-        "qa_mean": statistics.mean(qa), "qa_spread": statistics.stdev(qa),
-        "tool_success": evaluation_metrics(batch)["eval/tool_success"],
-        "greedy_reward": greedy["eval/reward"], "greedy_qa": greedy["eval/qa_score"],
-        "instances": len(instances), "rollouts_per_instance": K,
+    cfg = SynthConfig(instances=TEST_INSTANCES, chunks_per_instance=(TEST_CHUNKS,), chunk_tokens=512,
+                      competencies=COMPETENCIES, seed=TEST_SEED)
+    return generate(cfg, tokenizer)
+
+
+def compare(config, instances, method: str, model: Path | None = None, spread: bool = False) -> dict[str, Any]:
+    """Greedy evaluation of one method on the test instances (plus 3 sampled runs for `qa_spread`)."""
+    from memalpha.evaluation.runner import evaluate
+    from memalpha.metrics import states_superseded
+
+    result = evaluate(config, methods=[method], model_uri=model, instances=instances, progress=None)
+    questions = result.questions
+    superseded = {q.question_id: (q.answers, q.superseded_answers) for inst in instances for q in inst.questions}
+    stale = sum(states_superseded(row["prediction"], *superseded[row["question_id"]])
+                for row in questions.iter_rows(named=True) if superseded[row["question_id"]][1])
+    out = {
+        "qa": float(questions["score"].mean()),
+        "qa_by_competency": {c: float(questions.filter(questions["competency"] == c)["score"].mean()) for c in COMPETENCIES},
+        "memory_tokens": float(result.instances["memory_tokens"].mean()),
+        "stale_answers": int(stale),
+        "seconds": round(sum(result.info["method_seconds"].values()), 1),
     }
+    if spread:
+        sampled = config.model_copy(update={"eval": config.eval.model_copy(update={"temperature": 1.0})})
+        runs = evaluate(sampled, methods=[method], model_uri=model, instances=instances, seeds=list(SPREAD_SEEDS),
+                        progress=None).questions
+        per_seed = [float(runs.filter(runs["seed"] == s)["score"].mean()) for s in SPREAD_SEEDS]
+        out.update(qa_sampled=per_seed, qa_spread=statistics.stdev(per_seed))
+    return out
 
 
 def run() -> dict[str, Any]:
     from memalpha.config import load_config
-    from memalpha.trainer import Trainer
+    from memalpha.trainer import SFT_DIR, Trainer
 
     started = time.perf_counter()
     if RUN_DIR.exists():
-        shutil.rmtree(RUN_DIR)  # a fresh run: the curve must start at the warm start
-    config = load_config(ROOT / "configs" / "default.yaml",
-                         [f"output_dir={RUN_DIR}", f"grpo.steps={STEPS}", f"grpo.checkpoint_every={max(STEPS, 1)}",
-                          f"eval.max_instances={EVAL_INSTANCES}"])
+        shutil.rmtree(RUN_DIR)  # a fresh run: the curves must start at the warm start
+    config = load_config(ROOT / "configs" / "default.yaml", [*OVERRIDES, f"grpo.steps={STEPS}",
+                                                             f"grpo.checkpoint_every={STEPS}"])
     trainer = Trainer(config, RUN_DIR)
     warm_s = time.perf_counter() - started
-    warm = held_out(trainer, seed=1234)
-    curve = []
+    sft = _sft_result(RUN_DIR / SFT_DIR)
+    instances = test_instances(trainer.policy.tokenizer)
+    print(f"warm start ready in {warm_s:.0f} s; evaluating on {len(instances)} test instances", flush=True)
+    methods: dict[str, Any] = {}
+    evaluated = time.perf_counter()
+    methods["warm_start"] = compare(config, instances, "policy", RUN_DIR / SFT_DIR, spread=True)
+    policy_eval_s = time.perf_counter() - evaluated
+    for name in ("rule_writer", "rag_top2", "long_context"):
+        methods[name] = compare(config, instances, name)
+    print(f"warm start and baselines evaluated in {time.perf_counter() - evaluated:.0f} s", flush=True)
+
+    curve: list[dict] = []
     grpo_started = time.perf_counter()
-
-    def record(result) -> None:
-        curve.append({"step": result.step, **{k: result.metrics[k] for k in (
-            "reward", "rewards/r1/mean", "rewards/coverage/mean", "rewards/r2/mean", "rewards/r3/mean", "rewards/r4/mean",
-            "tool_calls/success_rate", "frac_reward_zero_std", "kl", "entropy", "timing/step_s")}})
-        elapsed = time.perf_counter() - grpo_started
-        eta = elapsed / result.step * (STEPS - result.step)
-        print(f"step {result.step}/{STEPS} reward {result.metrics['reward']:.3f} "
-              f"({elapsed / result.step:.0f} s/step, ETA {eta / 60:.1f} min)", flush=True)
-
-    trainer.train(record)
-    final = held_out(trainer, seed=1234)
-    spread = max(warm["reward_spread"], final["reward_spread"])
-    gain = final["reward_mean"] - warm["reward_mean"]
-    plot(curve, warm, final)
-    return {
-        "steps": STEPS, "B": config.rollout.instances_per_step, "G": config.rollout.num_generations,
-        "warm_start_seconds": round(warm_s, 1), "total_seconds": round(time.perf_counter() - started, 1),
-        "warm_start": warm, "final": final, "reward_gain": gain, "spread": spread,
-        "beats_warm_start_by_more_than_spread": gain > spread, "curve": curve,
-        "learning_rate": config.grpo.learning_rate, "sft_demonstrations": config.sft.num_demonstrations,
+    reserve = policy_eval_s + 120  # the final evaluation, and a margin
+    while trainer.step < STEPS:
+        elapsed = time.perf_counter() - started
+        per_step = (time.perf_counter() - grpo_started) / trainer.step if trainer.step else 0.0
+        if elapsed + per_step + reserve > BUDGET_S:
+            break
+        result = trainer.train_step()
+        curve.append({"step": result.step, **{k: result.metrics[k] for k in CURVE_KEYS},
+                      **{k: v for k, v in result.metrics.items() if k.startswith(("eval/qa", "warm_start/eval/qa"))}})
+        rate = (time.perf_counter() - grpo_started) / result.step
+        print(f"step {result.step}/{STEPS} reward {result.metrics['reward']:.3f} coverage "
+              f"{result.metrics['rewards/coverage/mean']:.3f} ({rate:.0f} s/step, ETA "
+              f"{rate * (STEPS - result.step) / 60:.1f} min)", flush=True)
+    checkpoint = trainer.save_checkpoint()
+    methods["trained"] = compare(config, instances, "policy", checkpoint / "adapter", spread=True)
+    trained, warm, rag = methods["trained"], methods["warm_start"], methods["rag_top2"]
+    results = {
+        "methods": methods,
+        "sft_epochs": sft.get("epochs", []), "sft_best_epoch": sft.get("best_epoch"), "sft_steps": sft.get("steps"),
+        "grpo_steps": trainer.step, "curve": curve,
+        "targets": {
+            "trained_beats_warm_start_by_3_spread": trained["qa"] - warm["qa"] > 3 * max(trained["qa_spread"], warm["qa_spread"]),
+            "trained_at_least_rag": trained["qa"] >= rag["qa"],
+            "trained_half_rag_memory": trained["memory_tokens"] <= rag["memory_tokens"] / 2,
+            "no_stale_conflict_answers": trained["stale_answers"] == 0,
+        },
+        "settings": {
+            "config": "configs/default.yaml", "overrides": OVERRIDES, "B": config.rollout.instances_per_step,
+            "G": config.rollout.num_generations, "learning_rate": config.grpo.learning_rate,
+            "test_instances": len(instances), "test_seed": TEST_SEED, "test_chunks": TEST_CHUNKS,
+            "test_questions": sum(len(i.questions) for i in instances), "reader": config.model.reader,
+            "retrieval": f"{config.retrieval.method} top-{config.retrieval.top_k}, {config.memory.reader_view_tokens}-token reader budget",
+            "qa_spread": f"std over {len(SPREAD_SEEDS)} evaluations sampled at temperature 1",
+            "warm_start_seconds": round(warm_s, 1), "grpo_seconds": round(time.perf_counter() - grpo_started, 1),
+            "total_seconds": round(time.perf_counter() - started, 1), "budget_seconds": BUDGET_S,
+        },
     }
+    plot(results)
+    return results
 
 
-def plot(curve: list[dict], warm: dict, final: dict) -> None:
-    """learning.png: the per-step training reward with its components, and the held-out comparison."""
+def _sft_result(folder: Path) -> dict:
+    import json
+
+    path = folder / "sft_result.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def plot(results: dict[str, Any]) -> None:
+    """learning.png: held-out extraction per SFT epoch, the GRPO curve with held-out QA, the comparison."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [2, 1]})
+    fig, (sft_ax, grpo_ax, bars) = plt.subplots(1, 3, figsize=(16, 4.5), gridspec_kw={"width_ratios": [1, 2, 1.4]})
+    epochs = results["sft_epochs"]
+    for key in ("evidence_recall", "valid_calls", "skip_accuracy"):
+        sft_ax.plot([e["epoch"] for e in epochs], [e[key] for e in epochs], marker="o", label=key)
+    sft_ax.set(xlabel="SFT epoch", ylim=(0, 1.05), title="Warm start: held-out extraction")
+    sft_ax.legend()
+    curve = results["curve"]
     steps = [p["step"] for p in curve]
-    rewards = [p["reward"] for p in curve]
-    left.plot(steps, rewards, label="reward", color="black", alpha=0.4)
-    smooth = [statistics.mean(rewards[max(0, i - 4) : i + 1]) for i in range(len(rewards))]
-    left.plot(steps, smooth, label="reward, 5-step mean", color="black", linewidth=2)
-    for c in COMPONENTS:
-        left.plot(steps, [p[f"rewards/{c}/mean"] for p in curve], label=c, alpha=0.7)
-    left.set(xlabel="GRPO step", ylabel="mean over the step's samples", title="Training reward")
-    left.legend()
-    names = ["reward", *COMPONENTS]
-    x = range(len(names))
-    warm_values = [warm["reward_mean"], *(warm[f"{c}_mean"] for c in COMPONENTS)]
-    final_values = [final["reward_mean"], *(final[f"{c}_mean"] for c in COMPONENTS)]
-    right.bar([i - 0.2 for i in x], warm_values, width=0.4, label="warm start",
-              yerr=[warm["reward_spread"], 0, 0, 0, 0])
-    right.bar([i + 0.2 for i in x], final_values, width=0.4, label="final",
-              yerr=[final["reward_spread"], 0, 0, 0, 0])
-    right.set_xticks(list(x), names)
-    right.set(title="Held-out (sampled), error bar = spread")
-    right.legend()
+    for key in ("reward", "rewards/coverage/mean", "rewards/r2/mean", "qa_score"):
+        grpo_ax.plot(steps, [p[key] for p in curve], label=key, alpha=0.8)
+    held = [(0, p["warm_start/eval/qa_score"]) for p in curve[:1] if "warm_start/eval/qa_score" in p]
+    held += [(p["step"], p["eval/qa_score"]) for p in curve if "eval/qa_score" in p]
+    if held:
+        grpo_ax.plot(*zip(*held), marker="s", color="black", label="held-out QA (validation, greedy)")
+    grpo_ax.set(xlabel="GRPO step", title="GRPO (step-level)")
+    grpo_ax.legend(fontsize=8)
+    names = list(results["methods"])
+    qa = [results["methods"][n]["qa"] for n in names]
+    err = [results["methods"][n].get("qa_spread", 0.0) for n in names]
+    bars.bar(names, qa, yerr=err, color=["tab:blue" if "qa_spread" in results["methods"][n] else "tab:gray" for n in names])
+    for i, n in enumerate(names):
+        bars.annotate(f"{results['methods'][n]['memory_tokens']:.0f} tok", (i, qa[i]), ha="center", va="bottom", fontsize=8)
+    bars.set(ylabel="QA (plain mean over questions)", title="Held-out test comparison (greedy)")
+    bars.tick_params(axis="x", rotation=30)
     fig.tight_layout()
     PLOT.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(PLOT, dpi=100)
@@ -126,27 +183,33 @@ def plot(curve: list[dict], warm: dict, final: dict) -> None:
 
 
 def to_markdown(results: dict[str, Any]) -> str:
-    w, f = results["warm_start"], results["final"]
+    s, t = results["settings"], results["targets"]
     lines = [
         "# Benchmark: learning", "",
-        f"configs/default.yaml, {results['steps']} GRPO steps (B={results['B']}, G={results['G']}) after the warm start; "
-        f"SFT warm start on {results['sft_demonstrations']} demonstrations, GRPO learning rate {results['learning_rate']}; "
-        f"total {results['total_seconds']} s = {results['total_seconds'] / 60:.1f} min "
-        f"(warm start + setup {results['warm_start_seconds']} s; target: within 60 min).", "",
-        f"Held-out: {w['instances']} validation instances x {w['rollouts_per_instance']} sampled rollouts; spread = std "
-        "over the rollout sets.", "",
-        "| policy | reward | spread | r1 (QA) | r2 | r3 | r4 | tool success | greedy reward | greedy QA |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"{s['config']} with {' '.join(s['overrides'])}; B={s['B']}, G={s['G']}, lr {s['learning_rate']}. "
+        f"Warm start: {results['sft_steps']} SFT steps, best epoch {results['sft_best_epoch']} "
+        f"({s['warm_start_seconds']} s with setup); {results['grpo_steps']} GRPO steps in {s['grpo_seconds']} s; "
+        f"{s['total_seconds'] / 60:.1f} min in all (budget {s['budget_seconds'] / 60:.0f} min).", "",
+        f"Held-out test: {s['test_instances']} instances ({s['test_questions']} questions) of "
+        f"{', '.join(COMPETENCIES)}, {s['test_chunks']} chunks each, generator seed {s['test_seed']}; greedy; "
+        f"{s['reader']} reader; {s['retrieval']}. qa_spread: {s['qa_spread']}.", "",
+        "| method | qa | qa_spread | " + " | ".join(COMPETENCIES) + " | memory tokens | stale conflict answers |",
+        "|---|---|---|" + "---|" * len(COMPETENCIES) + "---|---|",
     ]
-    for name, r in (("warm start", w), ("final", f)):
-        lines.append(f"| {name} | {r['reward_mean']:.4f} | {r['reward_spread']:.4f} | {r['r1_mean']:.4f} | "
-                     f"{r['r2_mean']:.4f} | {r['r3_mean']:.4f} | {r['r4_mean']:.4f} | {r['tool_success']:.3f} | "
-                     f"{r['greedy_reward']:.4f} | {r['greedy_qa']:.4f} |")
-    lines += ["", f"Gain {results['reward_gain']:+.4f} vs spread {results['spread']:.4f}: "
-              f"{'beats' if results['beats_warm_start_by_more_than_spread'] else 'does not beat'} the warm start "
-              "by more than the spread.", "", "![reward curve and held-out comparison](learning.png)", "", "## Reward curve", "", "| step | reward | r1 | r2 | r4 | calls ok | step s |",
-              "|---|---|---|---|---|---|---|"]
+    for name, m in results["methods"].items():
+        spread = f"{m['qa_spread']:.3f}" if "qa_spread" in m else ""
+        lines.append(f"| {name} | {m['qa']:.3f} | {spread} | "
+                     + " | ".join(f"{m['qa_by_competency'][c]:.3f}" for c in COMPETENCIES)
+                     + f" | {m['memory_tokens']:.0f} | {m['stale_answers']} |")
+    lines += ["", "Targets: " + ", ".join(f"{k}: {v}" for k, v in t.items()), "",
+              "![SFT curve, GRPO curve, held-out comparison](learning.png)", "", "## Warm start (held-out extraction per epoch)", "",
+              "| epoch | step | evidence recall | valid calls | skip accuracy |", "|---|---|---|---|---|"]
+    for e in results["sft_epochs"]:
+        lines.append(f"| {e['epoch']} | {e['step']} | {e['evidence_recall']:.3f} | {e['valid_calls']:.3f} | {e['skip_accuracy']:.3f} |")
+    lines += ["", "## GRPO curve", "", "| step | reward | coverage | r2 | rollout QA | held-out QA | zero-std groups | step s |",
+              "|---|---|---|---|---|---|---|---|"]
     for p in results["curve"]:
-        lines.append(f"| {p['step']} | {p['reward']:.4f} | {p['rewards/r1/mean']:.3f} | {p['rewards/r2/mean']:.3f} | "
-                     f"{p['rewards/r4/mean']:.3f} | {p['tool_calls/success_rate']:.3f} | {p['timing/step_s']:.0f} |")
+        held = f"{p['eval/qa_score']:.3f}" if "eval/qa_score" in p else ""
+        lines.append(f"| {p['step']} | {p['reward']:.3f} | {p['rewards/coverage/mean']:.3f} | {p['rewards/r2/mean']:.3f} | "
+                     f"{p['qa_score']:.3f} | {held} | {p['frac_reward_zero_std']:.2f} | {p['timing/step_s']:.0f} |")
     return "\n".join(lines) + "\n"

@@ -27,6 +27,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 INSTANCES = 32
 GENERATIONS = 4
+SAMPLING_BATCH = 4
 RUN_DIR = ROOT / "runs" / "bench-rewards"
 COMPONENTS = ("total", "coverage", "r1", "r2", "r3", "r4")
 _SPEAKER_LINE = re.compile(r"^(?P<speaker>[A-Z][\w.'-]*): (?P<text>.+)$")
@@ -108,9 +109,15 @@ def run() -> dict[str, Any]:
     policy.load_adapter(adapter)
     warm_s = time.perf_counter() - warm_started
     sample_started = time.perf_counter()
-    batch = collect_rollouts(policy, instances, config, num_generations=GENERATIONS,
-                             generator=torch.Generator().manual_seed(1234), reader=EvidenceReader())
-    groups = [[s.reward for s in batch.samples if s.instance_index == b] for b in range(len(instances))]
+    generator = torch.Generator().manual_seed(1234)
+    groups = []
+    for start in range(0, len(instances), SAMPLING_BATCH):  # B*G = 16 sequences a call: larger batches gain nothing here
+        part = instances[start:start + SAMPLING_BATCH]
+        batch = collect_rollouts(policy, part, config, num_generations=GENERATIONS, generator=generator,
+                                 reader=EvidenceReader())
+        groups += [[s.reward for s in batch.samples if s.instance_index == b] for b in range(len(part))]
+        print(f"warm start sampled on {start + len(part)}/{len(instances)} instances "
+              f"({time.perf_counter() - sample_started:.0f} s)", flush=True)
     results["warm_start"] = summarise(groups)
     rule, talk = results["rule_writer"], results["small_talk"]
     ranking = sorted((n for n in results), key=lambda n: -results[n]["total"])

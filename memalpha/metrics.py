@@ -146,7 +146,7 @@ _METRICS = {
 }
 
 
-def _states_superseded(prediction: str, answers: Iterable[Answer], superseded: Iterable[Answer]) -> bool:
+def states_superseded(prediction: str, answers: Iterable[Answer], superseded: Iterable[Answer]) -> bool:
     # Blank out the current answers first, so an old value that is part of the new one
     # ("New York" inside "New York City") is not mistaken for stating the old value.
     pred = f" {normalize_answer(prediction)} "
@@ -173,7 +173,7 @@ def score_answer(
     if metric == "auto":
         metric = metric_for_question_type(question_type)
     answer_list = [answers] if isinstance(answers, (str, int, float)) else list(answers)
-    if superseded and _states_superseded(prediction, answer_list, superseded):
+    if superseded and states_superseded(prediction, answer_list, superseded):
         return 0.0
     if metric == "llm_judge":
         if judge is None:

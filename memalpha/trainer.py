@@ -238,6 +238,8 @@ class Trainer:
         """One GRPO step: rollouts, advantages, update; appends the metrics to run_dir/metrics.jsonl."""
         cfg = self.config.grpo
         started = time.perf_counter()
+        # the policy before any update: the baseline the held-out curve starts from
+        before = {f"warm_start/{k}": v for k, v in self.evaluate("validation").items()} if self.step == 0 else {}
         instances = self._next_instances()
         collect = collect_step_rollouts if cfg.sampling == "step" else collect_rollouts
         batch = collect(
@@ -262,6 +264,7 @@ class Trainer:
         update_s = time.perf_counter() - update_start
         self.step += 1
         metrics = self._metrics(batch, rewards, groups, zero_std, update)
+        metrics.update(before)
         metrics.update({
             "learning_rate": learning_rate,
             "timing/generate_s": batch.generate_s, "timing/reward_s": batch.reward_s, "timing/update_s": update_s,
@@ -530,5 +533,5 @@ def evaluation_metrics(batch: RolloutBatch, seconds: float = 0.0) -> dict[str, f
         "eval/memory_entries": sum(m.entry_count() for m in batch.memories) / max(len(batch.memories), 1),
         "eval/completion_length": sum(len(s.completion_ids) for s in samples) / n,
         "eval/instances": float(len(batch.instances)),
-        "eval/seconds": seconds,
+        "timing/eval_s": seconds,
     }

@@ -238,6 +238,10 @@ def summarize(run_id: str) -> str:
     if VALIDATION_KEY in run.data.metrics:
         step, value = metric_series(run_id, VALIDATION_KEY)[-1]
         lines.append(f"validation:  {VALIDATION_KEY} {value:.4f} at step {step}")
+        warm = f"warm_start/{VALIDATION_KEY}"
+        if warm in run.data.metrics:
+            lines.append(f"held-out QA: warm start {run.data.metrics[warm]:.4f} -> final policy {value:.4f} "
+                         f"(greedy, validation split, retrieval as in evaluation)")
     for label, tag in (("run folder:", "memalpha.run_dir"), ("checkpoint:", "memalpha.last_checkpoint"),
                        ("best:", "memalpha.best_checkpoint"), ("model:", "memalpha.registered_model")):
         if tag in tags:

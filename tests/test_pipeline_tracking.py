@@ -39,12 +39,12 @@ def _samples(step: int) -> pl.DataFrame:
 
 def _result(step: int, with_eval: bool = False) -> SimpleNamespace:
     metrics = {"reward": 1.0 + step / 10, "rewards/r1/mean": 0.5, "memory/tokens": 10.0 * step, "tool_calls/success_rate": 0.5,
-               "bad": float("nan")}
+               "bad": float("nan"), **({"eval/qa_score": 0.1 * step} if with_eval else {})}
     trace = {"name": "rollout", "inputs": {"instance": "i0"}, "children": [
         {"name": "chunk-0", "children": [{"name": "generation", "span_type": "LLM", "outputs": {"text": "x"}},
                                          {"name": "memory_insert", "span_type": "TOOL", "outputs": {"ok": True}}]}]}
     return SimpleNamespace(step=step, metrics=metrics, samples=_samples(step), memories=[{"core": f"m{step}"}] * 6,
-                           trace=trace, eval={"eval/qa_score": 0.1 * step} if with_eval else {})
+                           trace=trace)
 
 
 def test_tracking_uri_defaults_to_repo_sqlite_by_absolute_path(monkeypatch):
@@ -100,7 +100,7 @@ def test_publish_logs_each_step_once_even_when_repeated(store, tmp_path):
     (checkpoint / "state.json").write_text("{}")
     for step in (1, 2):
         result = _result(step, with_eval=step == 2)
-        _stage_step(run_dir, result, result.eval, seconds=0.5)
+        _stage_step(run_dir, result, seconds=0.5)
     assert publish_block(config, run_dir, run_id, 1, 2, checkpoint) == 2
     # a retry after the checkpoint (or a re-run of the block) publishes nothing again
     assert publish_block(config, run_dir, run_id, 1, 2, checkpoint) == 0
