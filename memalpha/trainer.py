@@ -533,5 +533,5 @@ def evaluation_metrics(batch: RolloutBatch, seconds: float = 0.0) -> dict[str, f
         "eval/memory_entries": sum(m.entry_count() for m in batch.memories) / max(len(batch.memories), 1),
         "eval/completion_length": sum(len(s.completion_ids) for s in samples) / n,
         "eval/instances": float(len(batch.instances)),
-        "timing/eval_s": seconds,
+        "eval/seconds": seconds,
     }

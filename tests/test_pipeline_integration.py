@@ -202,7 +202,7 @@ def test_train_deployment_resumes_after_injected_failure(stack, trained):
     assert run.data.tags["prefect.deployment"] == "train"
     assert run.data.params["grpo.steps"] == str(STEPS) and "reward.beta" in run.data.params
     assert [m.step for m in client.get_metric_history(run.info.run_id, "sft/seconds")] == [0]  # the warm start ran
-    per_step = [k for k in run.data.metrics if not k.startswith(("eval/", "sft/"))]
+    per_step = [k for k in run.data.metrics if not k.startswith(("eval/", "sft/", "sft_eval/", "warm_start/"))]
     assert "pipeline/step_seconds" in per_step and len(per_step) > 3
     for key in per_step:
         steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
@@ -211,6 +211,9 @@ def test_train_deployment_resumes_after_injected_failure(stack, trained):
     assert eval_keys
     for key in eval_keys:
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [2, 4], key
+    # the warm start's held-out extraction per SFT epoch, and its held-out QA before the first update
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "sft_eval/evidence_recall")] == [1]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "warm_start/eval/qa_score")] == [1]
 
     def listed(path):
         return {a.path for a in client.list_artifacts(run.info.run_id, path)}

@@ -11,7 +11,7 @@ from memalpha.cli import UserError
 from memalpha.trainer import METRICS_FILE, SFT_DIR, Trainer
 from test_rollout import make_dataset, random_adapter, tiny_config  # noqa: F401  (fixture re-export)
 
-VOLATILE = ("timing/", "throughput/")
+VOLATILE = ("timing/", "throughput/", "eval/seconds", "warm_start/eval/seconds")
 
 
 def _config(data_dir, *overrides):
