@@ -268,6 +268,10 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _runnable(self) -> RunConfig:
+        """Reject, when the config is loaded, combinations the code cannot run (naming the fields)."""
+        if self.reward.qa_metric == "llm_judge":
+            raise ValueError(f"reward.qa_metric=llm_judge needs an answer judge, and none is wired: model.judge="
+                             f"{self.model.judge} judges memory writes (reward.judge=llm) only; choose another reward.qa_metric")
         schedule = self.data.chunk_curriculum
         if schedule:
             starts = [start for start, _ in schedule]

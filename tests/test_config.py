@@ -70,3 +70,8 @@ def test_cli_config_show_prints_overrides(capsys):
 def test_cli_reports_bad_override_without_traceback(capsys):
     assert main(["config", "--set", "reward.beta=oops"]) == 2
     assert "reward.beta" in capsys.readouterr().err
+
+
+def test_a_combination_the_code_cannot_run_is_refused_at_load_naming_both_fields():
+    with pytest.raises(ConfigError, match=r"reward\.qa_metric=llm_judge.*model\.judge"):
+        load_config(None, ["reward.qa_metric=llm_judge"])

@@ -176,8 +176,6 @@ def evaluate(
     seeds = list(seeds if seeds is not None else config.eval.seeds)
     if not seeds:
         raise UserError("at least one seed is needed")
-    if config.reward.qa_metric == "llm_judge":
-        raise UserError("evaluation scores with reward.qa_metric; llm_judge has no answer judge here, choose another metric")
     say = progress or (lambda _message: None)
     skipped: dict[str, str] = {}
     if "policy" in method_names and model_uri is None:
