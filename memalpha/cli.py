@@ -8,12 +8,9 @@ import importlib
 import sys
 
 from memalpha.config import ConfigError
+from memalpha.errors import UserError
 
 COMMANDS = ["config", "data", "sft", "train", "eval"]
-
-
-class UserError(Exception):
-    """An error caused by the user's input; printed without a traceback."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -290,10 +290,19 @@ class RunConfig(_Section):
         return _flatten(self.model_dump(mode="json"))
 
     def training_hash(self) -> str:
-        """Hash of everything that changes what training computes (not names or paths)."""
-        relevant = {k: v for k, v in self.model_dump(mode="json").items() if k not in ("name", "output_dir", "tracking", "eval")}
-        relevant["grpo"] = {k: v for k, v in relevant["grpo"].items() if k not in ("steps", "eval_every")}
+        """Hash of everything that changes what training computes (`training_fields`)."""
+        relevant = training_fields(self.model_dump(mode="json"))
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+NOT_TRAINING = ("name", "output_dir", "tracking.", "eval.", "grpo.steps", "grpo.eval_every")
+"""Fields (or dotted prefixes) that do not change what a training step computes: names, paths, tracking,
+evaluation, and how long a run goes (a run can be extended)."""
+
+
+def training_fields(dump: dict[str, Any]) -> dict[str, Any]:
+    """The dotted fields of a config dump (`RunConfig.model_dump(mode="json")`) that change training."""
+    return {k: v for k, v in _flatten(dump).items() if not k.startswith(NOT_TRAINING)}
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -29,10 +29,10 @@ import polars as pl
 import torch
 
 from memalpha.checkpoint import CheckpointState, latest_checkpoint, load_checkpoint, read_state, save_checkpoint
-from memalpha.cli import UserError
-from memalpha.config import RunConfig
+from memalpha.config import RunConfig, training_fields
 from memalpha.data.schema import Instance
 from memalpha.episode import truncate_for_training
+from memalpha.errors import UserError
 from memalpha.generation import left_pad
 from memalpha.grpo import completion_logps, compute_advantages, group_ids, group_std, grpo_loss
 from memalpha.rollout import RolloutBatch, Sample, collect_rollouts, collect_step_rollouts
@@ -474,12 +474,10 @@ def _sampling_gap(rows: list[Sample], logps: torch.Tensor) -> float:
 
 
 def _changed_fields(saved: dict | None, current: dict) -> list[str]:
-    from memalpha.config import _flatten
-
     if not saved:
         return []
-    a, b = _flatten(saved), _flatten(current)
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and not k.startswith(("name", "output_dir", "tracking.", "eval.")))
+    a, b = training_fields(saved), training_fields(current)
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
 def samples_frame(samples: list[Sample]) -> pl.DataFrame:

@@ -7,10 +7,10 @@ import json
 import polars as pl
 import pytest
 
-from memalpha.cli import UserError
 from memalpha.config import load_config
 from memalpha.data.io import write_dataset
 from memalpha.data.schema import Instance, Question
+from memalpha.errors import UserError
 from memalpha.evaluation.methods import tail_tokens
 from memalpha.evaluation.runner import evaluate, load_instances
 from memalpha.tokens import regex_token_count

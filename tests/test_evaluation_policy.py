@@ -5,8 +5,8 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from memalpha.cli import UserError
 from memalpha.config import load_config
+from memalpha.errors import UserError
 from memalpha.evaluation import evaluate, resolve_adapter
 from memalpha.models.policy import load_policy
 

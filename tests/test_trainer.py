@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from memalpha.cli import UserError
+from memalpha.errors import UserError
 from memalpha.trainer import METRICS_FILE, SFT_DIR, Trainer
 from test_rollout import make_dataset, random_adapter, tiny_config  # noqa: F401  (fixture re-export)
 

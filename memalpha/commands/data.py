@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 
-from memalpha.cli import UserError
 from memalpha.config import load_config
 from memalpha.data.loaders import SOURCES
 from memalpha.data.schema import COMPETENCIES
+from memalpha.errors import UserError
 
 
 def register(subparsers) -> None:

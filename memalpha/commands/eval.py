@@ -7,8 +7,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from memalpha.cli import UserError
 from memalpha.config import load_config
+from memalpha.errors import UserError
 from memalpha.evaluation.methods import ALL_METHODS
 
 METRICS_FILE = "metrics.json"

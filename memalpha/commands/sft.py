@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from memalpha.cli import UserError
 from memalpha.config import load_config
+from memalpha.errors import UserError
 
 
 def register(subparsers) -> None:

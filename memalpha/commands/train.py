@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from memalpha.cli import UserError
 from memalpha.config import load_config
+from memalpha.errors import UserError
 
 
 def register(subparsers) -> None:

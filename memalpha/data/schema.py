@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from memalpha.cli import UserError
+from memalpha.errors import UserError
 
 COMPETENCIES = ("accurate_retrieval", "test_time_learning", "long_range_understanding", "conflict_resolution")
 """The four memory competencies of MemoryAgentBench / the Mem-alpha paper."""

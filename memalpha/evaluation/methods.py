@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
-from memalpha.cli import UserError
 from memalpha.config import RunConfig
 from memalpha.data.schema import Instance
 from memalpha.episode import Episode
+from memalpha.errors import UserError
 from memalpha.memory import MemoryStore, get_schema, reader_view, truncate_to_tokens
 from memalpha.models.policy import ADAPTER_CONFIG
 from memalpha.retrieval import ChunkIndex, MemoryIndex

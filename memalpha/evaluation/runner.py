@@ -10,11 +10,11 @@ from typing import Any, Callable, Sequence
 
 import polars as pl
 
-from memalpha.cli import UserError
 from memalpha.config import RunConfig
 from memalpha.data.chunking import TokenCounts
 from memalpha.data.io import read_dataset
 from memalpha.data.schema import Instance
+from memalpha.errors import UserError
 from memalpha.evaluation.methods import ALL_METHODS, Built, EvalEnv, Method, make_method
 from memalpha.evaluation.results import INSTANCE_COLUMNS, QUESTION_COLUMNS, EvalResult
 from memalpha.metrics import score_answer
