@@ -23,6 +23,7 @@ import torch
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "state.json"
+ADAPTER = "adapter"
 
 
 @dataclass
@@ -37,8 +38,13 @@ class CheckpointState:
     """The run config (to name the fields that changed when a resume is refused)."""
 
 
+def step_name(step: int) -> str:
+    """`step-000010`: the folder of a checkpoint, and the name of a step's artifacts."""
+    return f"step-{step:06d}"
+
+
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / CHECKPOINTS / f"step-{step:06d}"
+    return Path(run_dir) / CHECKPOINTS / step_name(step)
 
 
 def capture_rng(generator: torch.Generator) -> dict[str, Any]:
@@ -73,7 +79,7 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    policy.save_adapter(tmp / "adapter")
+    policy.save_adapter(tmp / ADAPTER)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(capture_rng(generator), tmp / "rng.pt")
@@ -114,7 +120,7 @@ def load_checkpoint(
     """Restore adapter, optimizer, scheduler and RNG states in place; returns the JSON state."""
     path = Path(path)
     state = read_state(path)
-    policy.load_adapter(path / "adapter")
+    policy.load_adapter(path / ADAPTER)
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
     # our own file: python/numpy RNG states are tuples and arrays, which weights_only rejects

@@ -21,6 +21,7 @@ import polars as pl
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from memalpha.checkpoint import ADAPTER, checkpoint_dir, step_name
 from memalpha.config import GRPOConfig, RunConfig
 from tasks import tracking
 
@@ -50,7 +51,7 @@ def block_bounds(steps: int, checkpoint_every: int, eval_every: int) -> list[tup
 
 
 def _step_dir(run_dir: Path, step: int) -> Path:
-    return run_dir / STAGING / f"step-{step:06d}"
+    return run_dir / STAGING / step_name(step)
 
 
 def _maybe_fail(run_dir: Path, step: int) -> None:
@@ -164,7 +165,7 @@ def _update_best(run_dir: Path, run_id: str, step: int, metrics: dict[str, float
     best_file = run_dir / BEST_FILE
     best = json.loads(best_file.read_text()) if best_file.exists() else None
     if best is None or metrics[key] > best["value"]:
-        checkpoint = str(run_dir / "checkpoints" / f"step-{step:06d}")
+        checkpoint = str(checkpoint_dir(run_dir, step))
         best = {"step": step, "metric": key, "value": metrics[key], "checkpoint": checkpoint}
         best_file.write_text(json.dumps(best, indent=1))
         tracking.set_tags(run_id, {"memalpha.best_checkpoint": f"{checkpoint} ({key}={metrics[key]:.4f} at step {step})",
@@ -183,7 +184,7 @@ def publish_block(config: RunConfig, run_dir: Path, run_id: str, first: int, las
         folder = _step_dir(run_dir, step)
         record = json.loads((folder / "metrics.json").read_text())
         samples = pl.read_parquet(folder / "samples.parquet")
-        name = f"step-{step:06d}"
+        name = step_name(step)
         bounded = folder / f"rollouts-{name}.parquet"
         _bounded_samples(samples, keep).write_parquet(bounded)
         client.log_artifact(run_id, str(bounded), "rollouts")
@@ -250,7 +251,7 @@ def train_block(config: RunConfig, run_dir: str, run_id: str, first: int, last: 
     if resumed < last:
         checkpoint = trainer.save_checkpoint()
     else:
-        checkpoint = path / "checkpoints" / f"step-{last:06d}"
+        checkpoint = checkpoint_dir(path, last)
     published = publish_block(config, path, run_id, first, last, checkpoint)
     logger.info("block %d-%d: checkpoint %s, %d steps published to MLflow", first, last, checkpoint, published)
     return {"first": first, "last": last, "resumed_from": resumed, "checkpoint": str(checkpoint), "published": published}
@@ -290,7 +291,7 @@ def register_model(config: RunConfig, run_dir: str, run_id: str, checkpoint: str
     logger = get_run_logger()
     client = tracking.configure()
     path = Path(run_dir)
-    policy = load_policy(config.model, adapter=Path(checkpoint) / "adapter", trainable=False, seed=config.grpo.seed)
+    policy = load_policy(config.model, adapter=Path(checkpoint) / ADAPTER, trainable=False, seed=config.grpo.seed)
     base = _base_model_path(config, policy, path)
     name = config.tracking.registered_model if register else None
     with mlflow.start_run(run_id=run_id):

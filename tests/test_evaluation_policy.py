@@ -26,6 +26,7 @@ def adapter(config, tmp_path_factory):
     # a checkpoint folder as the trainer writes it: <ckpt>/adapter/
     checkpoint = tmp_path_factory.mktemp("run") / "checkpoints" / "step-000001"
     load_policy(config.model, trainable=False, seed=3).save_adapter(checkpoint / "adapter")
+    (checkpoint / "state.json").write_text("{}")  # what marks a checkpoint complete
     return checkpoint
 
 

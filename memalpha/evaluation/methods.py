@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
+from memalpha.checkpoint import ADAPTER, latest_checkpoint
 from memalpha.config import RunConfig
 from memalpha.data.schema import Instance
 from memalpha.episode import Episode
@@ -339,11 +340,11 @@ def resolve_adapter(model: str | Path) -> Path:
         raise UserError(f"--model {path}: no such file or folder")
     if (path / ADAPTER_CONFIG).is_file():
         return path
-    if (path / "adapter" / ADAPTER_CONFIG).is_file():
-        return path / "adapter"
-    checkpoints = sorted((path / "checkpoints").glob("step-*/adapter")) if (path / "checkpoints").is_dir() else []
-    if checkpoints:
-        return checkpoints[-1]
+    if (path / ADAPTER / ADAPTER_CONFIG).is_file():
+        return path / ADAPTER
+    latest = latest_checkpoint(path)
+    if latest is not None and (latest / ADAPTER / ADAPTER_CONFIG).is_file():
+        return latest / ADAPTER
     mlmodel = path / "MLmodel"
     if mlmodel.is_file():
         flavors = (yaml.safe_load(mlmodel.read_text()) or {}).get("flavors", {})
