@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from memalpha.config import RewardConfig
 from memalpha.data.schema import Question
 from memalpha.metrics import normalize_answer, score_answer
-from memalpha.retrieval.bm25 import tokenize
+from memalpha.text import MONTH_ABBREVIATIONS, MONTHS, WEEKDAYS, tokenize
 from memalpha.tools import ToolResult
 
 if TYPE_CHECKING:
@@ -81,8 +81,8 @@ _META = re.compile(
 _SPEAKER_LINE = re.compile(r"^\s*(\[[^\]]{0,40}\]\s*)?[A-Z][\w .'-]{0,30}:\s+(?P<utterance>\S.*)$", re.S)
 _QUOTED = re.compile(r"^\s*[\"“]")
 _FIRST_SECOND_PERSON = re.compile(r"\b(I|I'm|I've|I'll|my|me|we|our|you|your|you're)\b|[?!]\s*$")
-_MONTHS = "january|february|march|april|june|july|august|september|october|november|december|jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec"
-_DAYS = "monday|tuesday|wednesday|thursday|friday|saturday|sunday"
+_MONTHS = "|".join([m for m in MONTHS if m != "may"] + list(MONTH_ABBREVIATIONS))  # "may" only beside a day number
+_DAYS = "|".join(WEEKDAYS)
 _TIME_MARKER = re.compile(
     rf"\b(\d{{4}}-\d{{1,2}}-\d{{1,2}}|\d{{1,2}}/\d{{1,2}}(/\d{{2,4}})?|(19|20)\d{{2}}|\d{{1,2}}:\d{{2}}|\d{{1,2}}\s*(am|pm)"
     rf"|{_MONTHS}|may\s+\d{{1,2}}|\d{{1,2}}\s+may|{_DAYS}|yesterday|today|tonight|tomorrow|morning|afternoon|evening"

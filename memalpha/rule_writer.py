@@ -26,6 +26,7 @@ from memalpha.episode import Episode, Step
 from memalpha.memory.schema import MemorySchema
 from memalpha.memory.store import MemoryStore, normalize_content
 from memalpha.parsing import NOTHING_TO_STORE
+from memalpha.text import MONTHS, WEEKDAYS
 from memalpha.tokens import TokenCounter, regex_token_count
 
 _HEADER = re.compile(r"^The following is (?:a conversation(?: from (?P<date>.+?))?|part of a document)\. Please remember it\.\s*$")
@@ -37,8 +38,8 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(\d])")
 _QUOTE = re.compile(r"[\"“](?P<text>[^\"”]{3,})[\"”]")
 _LABEL = re.compile(r"\b(?:label|category|class)\s*(?:is\s*|[:=#]\s*)?(?P<label>[\w-]+)", re.I)
 
-_MONTHS = "january|february|march|april|may|june|july|august|september|october|november|december"
-_DAYS = "monday|tuesday|wednesday|thursday|friday|saturday|sunday"
+_MONTHS = "|".join(MONTHS)
+_DAYS = "|".join(WEEKDAYS)
 _TIME_WORD = re.compile(
     rf"\b(?:yesterday|today|tonight|tomorrow|this (?:morning|afternoon|evening|week|weekend|month|year)"
     rf"|last (?:night|week|weekend|month|year|{_DAYS})|next (?:week|weekend|month|year|{_DAYS})|on (?:{_DAYS})s?"

@@ -1,7 +1,7 @@
 """Retrieval over memory entries or raw chunks: BM25, dense (faiss), hybrid RRF and two-layer."""
 
 from memalpha.retrieval.base import Retriever, add_many
-from memalpha.retrieval.bm25 import BM25Retriever, tokenize
+from memalpha.retrieval.bm25 import BM25Retriever
 from memalpha.retrieval.dense import DenseRetriever
 from memalpha.retrieval.embedder import Embedder, TextEncoder, load_embedder
 from memalpha.retrieval.hybrid import HybridRetriever, reciprocal_rank_fusion
@@ -22,5 +22,4 @@ __all__ = [
     "load_embedder",
     "make_retriever",
     "reciprocal_rank_fusion",
-    "tokenize",
 ]

@@ -7,25 +7,13 @@ summed with a single `np.bincount` over bm25s's precomputed CSC score matrix.
 
 from __future__ import annotations
 
-import re
 from typing import Iterable
 
 import bm25s
 import numpy as np
-import Stemmer
-from bm25s.stopwords import STOPWORDS_EN
 
 from memalpha.retrieval.base import top_k
-
-_WORD = re.compile(r"\w+")
-_STOPWORDS = frozenset(STOPWORDS_EN)
-_STEMMER = Stemmer.Stemmer("english")
-
-
-def tokenize(text: str) -> list[str]:
-    """Lowercased words (numbers and one-letter words kept), English stopwords dropped, Snowball-stemmed."""
-    words = [w for w in _WORD.findall(text.lower()) if w not in _STOPWORDS]
-    return _STEMMER.stemWords(words)
+from memalpha.text import tokenize
 
 
 class BM25Retriever:

@@ -9,7 +9,8 @@ those in the chosen sections.
 from __future__ import annotations
 
 from memalpha.retrieval.base import Retriever
-from memalpha.retrieval.bm25 import BM25Retriever, tokenize
+from memalpha.retrieval.bm25 import BM25Retriever
+from memalpha.text import tokenize
 
 
 class TwoLayerRetriever:
