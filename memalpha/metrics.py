@@ -16,6 +16,8 @@ import string
 from collections import Counter
 from typing import Iterable, Protocol, Sequence, Union
 
+from memalpha.question_types import metric_for_question_type
+
 Answer = Union[str, int, float]
 
 # Any punctuation mark except a decimal point between two digits.
@@ -23,28 +25,6 @@ _PUNCT_RE = re.compile(r"(?!(?<=\d)\.(?=\d))[" + re.escape(string.punctuation) +
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
 _DECIMAL = re.compile(r"\b\d+\.\d+\b")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-
-QUESTION_TYPE_METRIC = {
-    "accurate_retrieval": "substring_em",
-    "conflict": "substring_em",
-    "conflict_resolution": "substring_em",
-    "test_time_learning": "boxed_em",
-    "long_range_understanding": "keyword_hit",
-}
-"""Metric `score_answer` uses for each question type when the metric is `auto`."""
-
-
-def metric_for_question_type(question_type: str) -> str:
-    """The `auto` metric of a question type; finer types (single_hop, summary, ...) use their competency's."""
-    if question_type not in QUESTION_TYPE_METRIC:
-        # Imported here: memalpha.data imports this module for answer normalisation.
-        from memalpha.data.schema import QUESTION_TYPES
-
-        question_type = QUESTION_TYPES.get(question_type, question_type)
-    if question_type not in QUESTION_TYPE_METRIC:
-        raise ValueError(f"question_type {question_type!r} has no default metric (known: {', '.join(QUESTION_TYPE_METRIC)})")
-    return QUESTION_TYPE_METRIC[question_type]
-
 
 class AnswerJudge(Protocol):
     """An LLM (or other) judge: a score in [0, 1] for a prediction against the gold answers."""
@@ -166,7 +146,7 @@ def score_answer(
 ) -> float:
     """Score one prediction in [0, 1].
 
-    `metric="auto"` picks by question type (QUESTION_TYPE_METRIC); otherwise one of substring_em,
+    `metric="auto"` picks by question type (memalpha.question_types); otherwise one of substring_em,
     exact_match, f1, boxed_em, keyword_hit, llm_judge (needs `judge`). When the question's fact was
     superseded, a prediction that states any superseded value scores 0, even if it also states the new one.
     """

@@ -15,7 +15,8 @@ import polars as pl
 
 from memalpha.data.chunking import Turn, chunk_turns, text_turns
 from memalpha.data.io import frame_to_instances, infer_competency, parse_question, read_frame
-from memalpha.data.schema import COMPETENCIES, DataError, Instance, Question, answer_to_str
+from memalpha.data.schema import DataError, Instance, Question, answer_to_str
+from memalpha.question_types import COMPETENCIES
 
 SOURCES = ("synthetic", "memalpha", "memoryagentbench", "locomo", "jsonl")
 

@@ -8,25 +8,7 @@ from typing import Any
 
 from memalpha.errors import UserError
 
-COMPETENCIES = ("accurate_retrieval", "test_time_learning", "long_range_understanding", "conflict_resolution")
-"""The four memory competencies of MemoryAgentBench / the Mem-alpha paper."""
-
 SPLITS = ("train", "validation", "test")
-
-QUESTION_TYPES: dict[str, str] = {
-    "single_hop": "accurate_retrieval",
-    "multi_hop": "accurate_retrieval",
-    "temporal": "accurate_retrieval",
-    "open_domain": "accurate_retrieval",
-    "adversarial": "accurate_retrieval",
-    "classification": "test_time_learning",
-    "summary": "long_range_understanding",
-    "conflict": "conflict_resolution",
-    **{name: name for name in COMPETENCIES},
-}
-"""Allowed question types and the competency each belongs to. A competency name is itself a (coarse) type.
-Scoring by type: classification -> boxed label exact match, summary -> keyword hit rate over the answers,
-everything else -> substring match against any gold answer (conflict: and not a superseded value)."""
 
 
 class DataError(UserError):

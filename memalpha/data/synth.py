@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from memalpha.data.chunking import DIALOGUE_HEADER, TokenCounts, Turn, chunk_turns
-from memalpha.data.schema import COMPETENCIES, Instance, Question
+from memalpha.data.schema import Instance, Question
+from memalpha.question_types import COMPETENCIES
 from memalpha.tokens import regex_token_count
 
 GENERATOR = "memalpha-synth-1"

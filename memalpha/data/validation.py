@@ -21,8 +21,9 @@ import pandas as pd
 
 from memalpha.config import DataConfig
 from memalpha.data.chunking import TokenCounts
-from memalpha.data.schema import COMPETENCIES, QUESTION_TYPES, SPLITS, Instance
+from memalpha.data.schema import SPLITS, Instance
 from memalpha.metrics import normalize_answer
+from memalpha.question_types import COMPETENCIES, QUESTION_TYPES
 
 Reader = Callable[[str], str]
 """Closed-book reader: question -> answer text, with no memory or context."""

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from memalpha.config import ModelConfig
-from memalpha.data.schema import QUESTION_TYPES, Question
+from memalpha.data.schema import Question
 from memalpha.metrics import normalize_answer
 from memalpha.models.openai_client import OpenAIChatClient
 from memalpha.prompts import reader_messages, render_reader_prompt
+from memalpha.question_types import QUESTION_TYPES
 
 NO_ANSWER = ""
 """What the evidence reader says when the memory does not support an answer (scores 0 under every metric)."""
