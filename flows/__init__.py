@@ -8,7 +8,13 @@ from pathlib import Path
 
 from memalpha.config import RunConfig, load_config
 
-DEFAULT_CONFIG_FILE = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG_FILE = REPO_ROOT / "configs" / "default.yaml"
+
+
+def repo_path(path: str | Path) -> Path:
+    """`path` itself when absolute, else under the repository: runners may start in another folder."""
+    return Path(path) if Path(path).is_absolute() else REPO_ROOT / path
 
 
 def default_config() -> RunConfig:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger, runtime
 
-from flows import default_config
+from flows import default_config, repo_path
 from memalpha.config import RunConfig
 from tasks import tracking
 from tasks.train import block_bounds, close_run, open_run, register_model, train_block, warm_start
@@ -14,10 +14,7 @@ from tasks.train import block_bounds, close_run, open_run, register_model, train
 
 def run_dir_for(config: RunConfig, flow_run_id: str) -> Path:
     """`<output_dir>/<flow run id>`: a new flow run trains from scratch, a retried flow run resumes."""
-    root = Path(config.output_dir)
-    if not root.is_absolute():
-        root = tracking.REPO_ROOT / root
-    return root / flow_run_id
+    return repo_path(config.output_dir) / flow_run_id
 
 
 def mark_mlflow_run_crashed(flow, flow_run, state) -> None:

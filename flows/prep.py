@@ -3,21 +3,13 @@ log the dataset to MLflow (dataset inputs per split, validation report as artifa
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, runtime
 
-from flows import default_config
+from flows import default_config, repo_path
 from memalpha.config import RunConfig
 from tasks import prep as steps
-from tasks.tracking import REPO_ROOT
-
-
-def _absolute(path: str | None) -> str | None:
-    if path is None:
-        return None
-    return str(path if Path(path).is_absolute() else REPO_ROOT / path)
 
 
 @flow(name="prep")
@@ -27,7 +19,8 @@ def prep(source: str = "synthetic", path: str | None = None, out_dir: str | None
     """Prepare `path` (format `source`; `synthetic` generates with the `synth` knobs) into `out_dir`
     (default: config.data.train_path). An unchanged re-run is served from the task cache."""
     logger = get_run_logger()
-    path, out = _absolute(path), _absolute(out_dir or config.data.train_path)
+    path = str(repo_path(path)) if path is not None else None
+    out = str(repo_path(out_dir or config.data.train_path))
     policy = config.model.policy
     loaded = steps.load(source, path, steps.fingerprint(path), synth, policy)
     instances, tokenizer_name = steps.chunk(loaded, policy, config.data.chunk_tokens)

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-import yaml
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
@@ -20,7 +19,7 @@ NIGHTLY_SUFFIX = "-nightly"
 @task(name="fetch-model", cache_policy=NO_CACHE, retries=1)
 def fetch_model(config: RunConfig, alias: str, dest: str) -> dict[str, Any]:
     """Download `<registered_model>@<alias>` into `dest`; returns its adapter folder, version and base policy."""
-    from memalpha.evaluation import resolve_adapter
+    from memalpha.evaluation import resolve_adapter, transformers_flavor
 
     client = tracking.configure()
     name = config.tracking.registered_model
@@ -32,7 +31,7 @@ def fetch_model(config: RunConfig, alias: str, dest: str) -> dict[str, Any]:
     except (mlflow.exceptions.MlflowException, ValueError) as exc:
         raise RuntimeError(f"no model version of {name!r} has the alias {alias!r}; train one first (make train)") from exc
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version.version}", dst_path=dest))
-    flavor = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["transformers"]
+    flavor = transformers_flavor(local)
     adapter = resolve_adapter(local)
     trained_with = client.get_run(version.run_id).data.params if version.run_id else {}
     # the base recorded at logging time, by local path, is exactly the weights the adapter was trained on

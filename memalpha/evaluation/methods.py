@@ -325,6 +325,15 @@ def make_method(name: str, env: EvalEnv, model_uri: str | None = None) -> Method
 _URI_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:", "s3://", "gs://", "http://", "https://")
 
 
+MLMODEL = "MLmodel"
+
+
+def transformers_flavor(folder: Path) -> dict[str, Any]:
+    """The `transformers` flavor section of a downloaded MLflow model's MLmodel file ({} when absent)."""
+    flavors = (yaml.safe_load((Path(folder) / MLMODEL).read_text()) or {}).get("flavors", {})
+    return flavors.get("transformers", {}) or {}
+
+
 def resolve_adapter(model: str | Path) -> Path:
     """The LoRA adapter folder behind `model`: an adapter folder itself, a training checkpoint
     (`<ckpt>/adapter`), a run folder (its latest checkpoint), or a downloaded registered model (the
@@ -345,10 +354,8 @@ def resolve_adapter(model: str | Path) -> Path:
     latest = latest_checkpoint(path)
     if latest is not None and (latest / ADAPTER / ADAPTER_CONFIG).is_file():
         return latest / ADAPTER
-    mlmodel = path / "MLmodel"
-    if mlmodel.is_file():
-        flavors = (yaml.safe_load(mlmodel.read_text()) or {}).get("flavors", {})
-        adapter = path / (flavors.get("transformers", {}).get("peft_adaptor") or "peft_adaptor")
+    if (path / MLMODEL).is_file():
+        adapter = path / (transformers_flavor(path).get("peft_adaptor") or "peft_adaptor")
         if (adapter / ADAPTER_CONFIG).is_file():
             return adapter
         raise UserError(f"--model {path}: the MLmodel names no PEFT adapter folder with {ADAPTER_CONFIG} (looked in {adapter})")
