@@ -130,12 +130,16 @@ def test_publish_logs_each_step_once_even_when_repeated(store, tmp_path):
 def test_plots_and_summary(store):
     run_id = tracking.create_run("exp", "run", {}, {})
     for step in (1, 2, 3):
+        held_out = {"warm_start/eval/qa_score": 0.125} if step == 1 else {"eval/qa_score": 0.25} if step == 3 else {}
         tracking.log_step_metrics(run_id, step, {"reward": 0.1 * step, "rewards/r2/mean": 1.0, "memory/tokens": 5.0 * step,
-                                                 "tool_calls/success_rate": 0.1, tracking.STEP_SENTINEL: 1.0}, tracking.now_ms())
-    assert tracking.log_training_plots(run_id) == ["plots/reward.png", "plots/memory.png", "plots/tool_calls.png"]
+                                                 "tool_calls/success_rate": 0.1, tracking.STEP_SENTINEL: 1.0, **held_out},
+                                  tracking.now_ms())
+    assert tracking.log_training_plots(run_id) == ["plots/reward.png", "plots/memory.png", "plots/tool_calls.png",
+                                                   "plots/validation.png"]
     summary = tracking.summarize(run_id)
     assert "3 logged (1..3)" in summary
     assert "reward: start 0.1000 (step 1) -> end 0.3000 (step 3)" in summary
+    assert "held-out QA: warm start 0.1250 -> final policy 0.2500" in summary
 
 
 def test_failure_injection_fires_once(tmp_path, monkeypatch):
