@@ -14,6 +14,7 @@ learning.md and learning.png (SFT curve, GRPO curve with held-out QA, the compar
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
@@ -139,8 +140,6 @@ def run() -> dict[str, Any]:
 
 
 def _sft_result(folder: Path) -> dict:
-    import json
-
     path = folder / "sft_result.json"
     return json.loads(path.read_text()) if path.is_file() else {}
 

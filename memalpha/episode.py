@@ -269,9 +269,9 @@ def score_step(episode: Episode, config: RunConfig, judge=None) -> RewardBreakdo
         verdicts = llm_verdicts(results, episode.instance.chunks[: t + 1], judge, episode.store, descriptions)
     unanchored = any(q.evidence_chunks is None for q in episode.instance.questions)
     [coverage] = chunk_coverage([step.support], [episode.relevant_questions[t]], [0.0] if unanchored else None)
+    # input tokens 0: r3 needs a useful final memory, so it is 0 here whatever the input (no tokenising)
     rewards = chunk_rewards(0.0, results, [False] * t + [step.parse.nothing_to_store], episode.store.token_count(),
-                            episode.store.count_tokens(episode.instance.chunks[t]), config.reward,
-                            memory=episode.store, verdicts=verdicts, coverage=[coverage] * (t + 1))
+                            0, config.reward, memory=episode.store, verdicts=verdicts, coverage=[coverage] * (t + 1))
     return rewards[-1]
 
 
@@ -280,5 +280,5 @@ def _writing_chunks(store: MemoryStore, context: str, question: Question) -> lis
     entries that bear on its answer count when some do (a whole-memory view shows every entry)."""
     shown = [e for entry_id in sorted(view_ids(context))
              if (section := store.section_of(entry_id)) and (e := store.get(section, entry_id)) is not None]
-    bearing = [e for e in shown if answer_support(question, e.content, e.content, lambda e=e: e.content) > 0]
+    bearing = [e for e in shown if answer_support(question, e.content, e.content, lambda: "") > 0]
     return [e.updated_chunk for e in bearing or shown]

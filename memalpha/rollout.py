@@ -19,7 +19,7 @@ import torch
 from memalpha.config import RunConfig
 from memalpha.data.schema import Instance
 from memalpha.episode import Episode, Step, score_episodes, score_step
-from memalpha.generation import generate
+from memalpha.generation import Generation, generate
 from memalpha.memory import MemoryStore, get_schema
 from memalpha.parsing import ParseResult
 from memalpha.rewards import RewardBreakdown
@@ -83,19 +83,47 @@ class RolloutBatch:
 
     instances: list[Instance]
     num_generations: int
-    samples: list[Sample]
-    memories: list[MemoryStore]
+    samples: list[Sample] = field(default_factory=list)
+    memories: list[MemoryStore] = field(default_factory=list)
     """Final memory of rollout r = instance_index * G + g."""
-    answers: list[list[dict]]
+    answers: list[list[dict]] = field(default_factory=list)
     """Per rollout: one {question, prediction, answers, score} per question."""
-    qa_scores: list[float]
-    input_tokens: list[int]
-    """Tokens of the chunks each instance's rollouts read."""
+    qa_scores: list[float] = field(default_factory=list)
     generate_s: float = 0.0
     reward_s: float = 0.0
     generate_calls: int = 0
     generated_tokens: int = 0
     trace: dict = field(default_factory=dict)
+
+
+def _new_episodes(policy, instances: list[Instance], config: RunConfig, copies: int) -> list[Episode]:
+    """`copies` fresh episodes of each instance, rendered with the policy's chat template."""
+    schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
+    return [Episode(inst, schema, config.memory, config.retrieval, policy.count_tokens, policy.tokenizer)
+            for inst in instances for _ in range(copies)]
+
+
+def _sample(policy, prompts: list[str], config: RunConfig, batch: RolloutBatch, *, generator: torch.Generator | None,
+            greedy: bool = False, copies: int = 1) -> tuple[list[list[int]], list[bool], Generation]:
+    """Tokenise the prompts (keeping their last rollout.max_prompt_tokens: the chunk and the assistant turn
+    opening), sample each `copies` times in one batched call (copies of a prompt are adjacent) and count
+    the call on `batch`. Returns the prompt ids, which prompts were cut, and the generation."""
+    rcfg = config.rollout
+    tokenizer = policy.tokenizer
+    eos_ids = [tokenizer.eos_token_id] + ([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else [])
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    cut = [len(x) > rcfg.max_prompt_tokens for x in ids]
+    ids = [x[-rcfg.max_prompt_tokens:] for x in ids]
+    start = time.perf_counter()
+    out = generate(
+        policy.model, [x for x in ids for _ in range(copies)], max_new_tokens=rcfg.max_completion_length,
+        eos_token_ids=eos_ids, pad_token_id=tokenizer.pad_token_id, temperature=rcfg.temperature,
+        top_p=rcfg.top_p, greedy=greedy, generator=generator,
+    )
+    batch.generate_s += time.perf_counter() - start
+    batch.generate_calls += 1
+    batch.generated_tokens += out.num_tokens
+    return ids, cut, out
 
 
 def collect_rollouts(
@@ -117,36 +145,17 @@ def collect_rollouts(
     `reward.reader_view` (held-out evaluation reads through retrieval, as the paper does).
     Instances are used as given: truncation for training happens when the data is loaded.
     """
-    rcfg = config.rollout
-    schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
-    tokenizer = policy.tokenizer
-    eos_ids = [tokenizer.eos_token_id] + ([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else [])
     G = num_generations
-    episodes = [
-        Episode(inst, schema, config.memory, config.retrieval, policy.count_tokens, tokenizer)
-        for inst in instances for _ in range(G)
-    ]
+    episodes = _new_episodes(policy, instances, config, G)
     per_rollout: list[list[Sample]] = [[] for _ in episodes]
-    batch = RolloutBatch(list(instances), G, [], [ep.store for ep in episodes], [], [],
-                         [sum(policy.count_tokens(c) for c in inst.chunks) for inst in instances])
+    batch = RolloutBatch(list(instances), G, memories=[ep.store for ep in episodes])
     with policy.merged_adapter():  # sampling only (eval mode); the update runs the unmerged adapter
         while active := [r for r, ep in enumerate(episodes) if not ep.done]:
             prompts = [episodes[r].prompt() for r in active]
-            ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-            cut = [len(x) > rcfg.max_prompt_tokens for x in ids]
-            ids = [x[-rcfg.max_prompt_tokens:] for x in ids]  # keep the chunk and the assistant turn opening
-            start = time.perf_counter()
-            out = generate(
-                policy.model, ids, max_new_tokens=rcfg.max_completion_length, eos_token_ids=eos_ids,
-                pad_token_id=tokenizer.pad_token_id, temperature=rcfg.temperature, top_p=rcfg.top_p,
-                greedy=greedy, generator=generator,
-            )
-            batch.generate_s += time.perf_counter() - start
-            batch.generate_calls += 1
-            batch.generated_tokens += out.num_tokens
+            ids, cut, out = _sample(policy, prompts, config, batch, generator=generator, greedy=greedy)
             for i, r in enumerate(active):
                 episode = episodes[r]
-                text = tokenizer.decode(out.completion_ids[i], skip_special_tokens=True)
+                text = policy.tokenizer.decode(out.completion_ids[i], skip_special_tokens=True)
                 step = episode.step(text, prompts[i])
                 per_rollout[r].append(Sample(
                     instance_index=r // G, instance_id=episode.instance.instance_id, rollout=r % G, step=step,
@@ -186,36 +195,21 @@ def collect_step_rollouts(
     chunk the reader answers from the advanced memory: `qa_scores` report the trajectory's QA; they are
     shared by every candidate of a group, so they would cancel in its advantage and are left out of it.
     """
-    rcfg = config.rollout
-    schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
-    tokenizer = policy.tokenizer
-    eos_ids = [tokenizer.eos_token_id] + ([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else [])
     G = num_generations
-    states = [Episode(inst, schema, config.memory, config.retrieval, policy.count_tokens, tokenizer) for inst in instances]
+    states = _new_episodes(policy, instances, config, 1)
     chosen: list[list[Sample]] = [[] for _ in instances]
-    batch = RolloutBatch(list(instances), 1, [], [], [], [],
-                         [sum(policy.count_tokens(c) for c in inst.chunks) for inst in instances])
+    batch = RolloutBatch(list(instances), 1)
     with policy.merged_adapter():
         while active := [b for b, state in enumerate(states) if not state.done]:
             prompts = [states[b].prompt() for b in active]
-            ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-            cut = [len(x) > rcfg.max_prompt_tokens for x in ids]
-            ids = [x[-rcfg.max_prompt_tokens:] for x in ids]
-            start = time.perf_counter()
-            out = generate(
-                policy.model, [x for x in ids for _ in range(G)], max_new_tokens=rcfg.max_completion_length,
-                eos_token_ids=eos_ids, pad_token_id=tokenizer.pad_token_id, temperature=rcfg.temperature,
-                top_p=rcfg.top_p, generator=generator,
-            )
-            batch.generate_s += time.perf_counter() - start
-            batch.generate_calls += 1
-            batch.generated_tokens += out.num_tokens
+            ids, cut, out = _sample(policy, prompts, config, batch, generator=generator, copies=G)
             for i, b in enumerate(active):
                 candidates, group = [], []
                 for g in range(G):
                     k = i * G + g
                     branch = states[b].copy()
-                    step = branch.step(tokenizer.decode(out.completion_ids[k], skip_special_tokens=True), prompts[i])
+                    text = policy.tokenizer.decode(out.completion_ids[k], skip_special_tokens=True)
+                    step = branch.step(text, prompts[i])
                     sample = Sample(
                         instance_index=b, instance_id=branch.instance.instance_id, rollout=g, step=step,
                         prompt_ids=ids[i], completion_ids=out.completion_ids[k], sampling_logps=out.logps[k],

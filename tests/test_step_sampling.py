@@ -2,7 +2,6 @@
 advance rule, groups without signal skipped, exact resume."""
 
 import json
-import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +12,7 @@ from memalpha.models.readers import make_reader
 from memalpha.rollout import _advance, collect_step_rollouts
 from memalpha.trainer import Trainer
 from test_rollout import _policy, make_instances, random_adapter, tiny_config  # noqa: F401  (fixture re-export)
-from test_trainer import _run_dir, _stable
+from test_trainer import _run_dir, resume_third_step
 
 G = 3
 
@@ -99,19 +98,8 @@ def test_groups_without_signal_are_counted_and_not_trained_on(step_run):
 
 def test_step_level_resume_reproduces_the_uninterrupted_run(step_run, tmp_path):
     data, run, results = step_run
-    copy = tmp_path / "resumed"
-    shutil.copytree(run, copy)
-    shutil.rmtree(copy / "checkpoints" / "step-000003")
-    trainer = Trainer(_step_config(data), copy)
-    assert trainer.maybe_resume() and trainer.step == 2
-    result = trainer.train_step()
-    expected, got = _stable(results[2].metrics), _stable(result.metrics)
-    assert expected.keys() == got.keys()
-    for key in expected:
-        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
-    assert result.samples["completion"].to_list() == results[2].samples["completion"].to_list()
+    result, _ = resume_third_step(_step_config(data), run, results, tmp_path)
     assert json.loads(results[2].samples["memory"][0]) == json.loads(result.samples["memory"][0])
-
 
 def test_the_chunk_curriculum_grows_instances_over_steps(tmp_path, random_adapter):  # noqa: F811
     from test_rollout import make_dataset

@@ -80,12 +80,13 @@ def test_checkpoint_contents_and_updates_change_the_adapter(finished):
     assert any(not torch.equal(a[k], b[k]) for k in a)
 
 
-def test_resume_reproduces_the_uninterrupted_run(finished, tmp_path):
-    data, run, _, results = finished
+def resume_third_step(config, run, results, tmp_path):
+    """Resume a copy of `run` from its step-2 checkpoint, run step 3, check it against the uninterrupted
+    step 3 (metrics and completions) and return it with the copy's folder."""
     copy = tmp_path / "resumed"
     shutil.copytree(run, copy)
     shutil.rmtree(copy / "checkpoints" / "step-000003")
-    trainer = Trainer(_config(data), copy)
+    trainer = Trainer(config, copy)
     assert trainer.maybe_resume() and trainer.step == 2
     result = trainer.train_step()
     expected, got = _stable(results[2].metrics), _stable(result.metrics)
@@ -93,6 +94,12 @@ def test_resume_reproduces_the_uninterrupted_run(finished, tmp_path):
     for key in expected:
         assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
     assert result.samples["completion"].to_list() == results[2].samples["completion"].to_list()
+    return result, copy
+
+
+def test_resume_reproduces_the_uninterrupted_run(finished, tmp_path):
+    data, run, _, results = finished
+    _, copy = resume_third_step(_config(data), run, results, tmp_path)
     assert [json.loads(x)["step"] for x in (copy / METRICS_FILE).read_text().splitlines()] == [1, 2, 3]
 
 
