@@ -172,6 +172,10 @@ class GRPOConfig(_Section):
     """Inner epochs over the same rollouts."""
     micro_batch_size: int = Field(4, ge=1)
     """Samples per forward/backward pass; gradients accumulate over the step's micro-batches."""
+    shared_prompt_update: bool = True
+    """Samples that share a prompt (a step-level group) run it forward once and reuse its KV cache for
+    their completions, as one micro-batch. Same loss and gradients as the plain path (not for bnpo,
+    whose loss depends on the micro-batch layout)."""
     checkpoint_every: int = Field(5, ge=1)
     eval_every: int = Field(10, ge=1)
     """Held-out evaluation (greedy, validation split) every this many steps and at the end."""

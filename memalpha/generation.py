@@ -1,10 +1,14 @@
 """Batched sampling with a KV cache that returns completion token ids and per-token log-probs.
 
-One call generates a completion for every prompt of the batch (left-padded). Sampling uses a
-caller-owned `torch.Generator`, so a rollout is reproducible from the generator's state (saved in
-checkpoints). The log-prob of a sampled token is log softmax(logits / temperature), TRL's convention
-(top-p only restricts which tokens can be drawn). These are the sampling policy's log-probs; the
-trainer recomputes the importance-ratio denominator in its own micro-batch layout (see trainer.py).
+One call generates a completion for every prompt of the batch (left-padded). Identical prompts (the G
+candidates of a step-level group, the first chunk of a trajectory group) are prefilled once and their
+KV cache copied to every row that asks for them; a row that finished is dropped from the batch, so the
+decode steps only compute the rows still generating. Sampling uses a caller-owned `torch.Generator`
+on the model's device, so a rollout is reproducible from the generator's state (saved in checkpoints).
+The log-prob of a sampled token is log softmax(logits / temperature), TRL's convention (top-p only
+restricts which tokens can be drawn). These are the sampling policy's log-probs; the trainer
+recomputes the importance-ratio denominator in its own micro-batch layout (see trainer.py).
+Every tensor is created on the model's device, so the same code runs on a CPU or a GPU.
 """
 
 from __future__ import annotations
@@ -26,22 +30,40 @@ class Generation:
     """True when the completion hit max_new_tokens without an end-of-sequence token."""
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    prefilled_prompts: int = 0
+    """Distinct prompts run through the prefill (identical prompts share one)."""
 
     @property
     def num_tokens(self) -> int:
         return sum(len(ids) for ids in self.completion_ids)
 
 
-def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, attention_mask) with every row right-aligned."""
+def model_device(model) -> torch.device:
+    """The device of the model's weights (where every input and generator must live)."""
+    return next(model.parameters()).device
+
+
+def left_pad(rows: list[list[int]], pad_id: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention_mask) on `device` with every row right-aligned."""
     width = max(len(row) for row in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
-            mask[i, width - len(row):] = 1
-    return ids, mask
+    ids = [[pad_id] * (width - len(row)) + list(row) for row in rows]
+    mask = [[0] * (width - len(row)) + [1] * len(row) for row in rows]
+    return torch.tensor(ids, dtype=torch.long, device=device), torch.tensor(mask, dtype=torch.long, device=device)
+
+
+def right_pad(rows: list[list[int]], pad_id: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention_mask) on `device` with every row left-aligned."""
+    width = max(len(row) for row in rows)
+    ids = [list(row) + [pad_id] * (width - len(row)) for row in rows]
+    mask = [[1] * len(row) + [0] * (width - len(row)) for row in rows]
+    return torch.tensor(ids, dtype=torch.long, device=device), torch.tensor(mask, dtype=torch.long, device=device)
+
+
+def distinct_rows(rows: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """The distinct rows in first-seen order, and for every row the index of its distinct row."""
+    first: dict[tuple[int, ...], int] = {}
+    inverse = [first.setdefault(tuple(row), len(first)) for row in rows]
+    return [list(key) for key in first], inverse
 
 
 def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -65,53 +87,68 @@ def generate(
     top_p: float = 1.0,
     greedy: bool = False,
     generator: torch.Generator | None = None,
+    share_prefill: bool = True,
 ) -> Generation:
-    """Sample one completion per prompt (token ids, no special-token insertion) in one batched loop."""
+    """Sample one completion per prompt (token ids, no special-token insertion) in one batched loop.
+    `share_prefill=False` prefills every row, identical or not (the reference the shared path is tested
+    against)."""
     if not prompts:
         return Generation([], [], [])
-    ids, attn = left_pad(prompts, pad_token_id)
+    device = model_device(model)
+    if generator is not None and not greedy and generator.device.type != device.type:
+        raise ValueError(f"the sampling generator is on {generator.device}, the model on {device}: "
+                         "create it with torch.Generator(device=<the policy's device>)")
+    distinct, inverse = distinct_rows(prompts) if share_prefill else (prompts, list(range(len(prompts))))
+    ids, attn = left_pad(distinct, pad_token_id, device)
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
-    n = len(prompts)
-    eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long)
-    finished = torch.zeros(n, dtype=torch.bool)
-    tokens_out: list[torch.Tensor] = []
-    logps_out: list[torch.Tensor] = []
-    alive_out: list[torch.Tensor] = []
     t0 = time.perf_counter()
     out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True, logits_to_keep=1)
     t1 = time.perf_counter()
-    next_pos = positions[:, -1] + 1
+    cache = out.past_key_values
+    rows = torch.tensor(inverse, dtype=torch.long, device=device)
+    if len(distinct) < len(prompts):
+        cache.batch_select_indices(rows)
+    logits, attn, next_pos = out.logits[rows, -1, :], attn[rows], positions[rows, -1] + 1
+    n = len(prompts)
+    eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
+    tokens = torch.full((n, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    logps = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
+    lengths = torch.zeros(n, dtype=torch.long, device=device)
+    finished = torch.zeros(n, dtype=torch.bool, device=device)
+    alive = torch.arange(n, device=device)  # rows of the full batch still generating, in cache order
     for step in range(max_new_tokens):
-        logits = out.logits[:, -1, :].float()
-        scaled = logits / (1.0 if greedy else temperature)
+        scaled = logits.float() / (1.0 if greedy else temperature)
         log_probs = scaled.log_softmax(-1)
         if greedy:
             token = scaled.argmax(-1)
         else:
             candidates = _top_p_filter(scaled, top_p) if top_p < 1.0 else scaled
             token = torch.multinomial(candidates.softmax(-1), 1, generator=generator).squeeze(1)
-        token = torch.where(finished, torch.full_like(token, pad_token_id), token)
-        tokens_out.append(token)
-        logps_out.append(log_probs.gather(-1, token.unsqueeze(1)).squeeze(1))
-        alive_out.append(~finished)
-        finished = finished | torch.isin(token, eos)
-        if bool(finished.all()) or step == max_new_tokens - 1:
+        tokens[alive, step] = token
+        logps[alive, step] = log_probs.gather(-1, token.unsqueeze(1)).squeeze(1)
+        lengths[alive] += 1
+        done = torch.isin(token, eos)
+        finished[alive[done]] = True
+        if step == max_new_tokens - 1 or bool(done.all()):
             break
-        attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype)], dim=1)
+        if bool(done.any()):  # finished rows leave the batch and its cache
+            keep = (~done).nonzero().squeeze(1)
+            alive, token, attn, next_pos = alive[keep], token[keep], attn[keep], next_pos[keep]
+            cache.batch_select_indices(keep)
+        attn = torch.cat([attn, attn.new_ones((len(alive), 1))], dim=1)
         out = model(
             input_ids=token.unsqueeze(1), attention_mask=attn, position_ids=next_pos.unsqueeze(1),
-            past_key_values=out.past_key_values, use_cache=True,
+            past_key_values=cache, use_cache=True,
         )
+        logits = out.logits[:, -1, :]
         next_pos = next_pos + 1
     t2 = time.perf_counter()
-    tokens = torch.stack(tokens_out, 1)
-    logps = torch.stack(logps_out, 1)
-    alive = torch.stack(alive_out, 1)
-    lengths = alive.sum(1).tolist()
+    lengths_list, tokens_list, logps_list = lengths.tolist(), tokens.tolist(), logps.tolist()
     return Generation(
-        completion_ids=[tokens[i, : lengths[i]].tolist() for i in range(n)],
-        logps=[logps[i, : lengths[i]].tolist() for i in range(n)],
-        truncated=[not bool(finished[i]) for i in range(n)],
+        completion_ids=[tokens_list[i][: lengths_list[i]] for i in range(n)],
+        logps=[logps_list[i][: lengths_list[i]] for i in range(n)],
+        truncated=[not f for f in finished.tolist()],
         prefill_s=t1 - t0,
         decode_s=t2 - t1,
+        prefilled_prompts=len(distinct),
     )

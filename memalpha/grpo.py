@@ -150,6 +150,37 @@ def completion_logps(
     return logps, entropy
 
 
+def shared_prompt_logps(
+    model, prompt_ids: torch.Tensor, completion_ids: torch.Tensor, completion_mask: torch.Tensor, temperature: float,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """completion_logps for k completions of one prompt, running the prompt forward once.
+
+    prompt_ids: (1, P) unpadded; completion_ids, completion_mask: (k, L) right-padded. The prompt's KV
+    cache (computed with gradient: LoRA touches its keys and values) is repeated for the k rows, and its
+    last logit predicts every completion's first token.
+    """
+    k, width = completion_ids.shape
+    prompt_len = prompt_ids.shape[1]
+    device = completion_ids.device
+    prompt = model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)
+    cache = prompt.past_key_values
+    cache.batch_repeat_interleave(k)
+    attention_mask = torch.cat([completion_mask.new_ones((k, prompt_len)), completion_mask], 1)
+    positions = torch.arange(prompt_len, prompt_len + width, device=device).expand(k, width)
+    out = model(input_ids=completion_ids, attention_mask=attention_mask, position_ids=positions,
+                past_key_values=cache, use_cache=True)
+    first = prompt.logits[:, -1:, :].expand(k, 1, -1)
+    logits = torch.cat([first, out.logits[:, :-1, :]], 1).float() / temperature
+    log_probs = logits.log_softmax(-1)
+    logps = log_probs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return logps, entropy
+
+
 def group_ids(instance_index: list[int], chunk_index: list[int], grouping: str) -> torch.Tensor:
     """Dense group id per sample: by instance (all chunk-samples of its G rollouts) or by (instance, chunk)."""
     if grouping == "instance":

@@ -238,7 +238,7 @@ def _advance(group: list[Sample], rule: str, generator: torch.Generator | None) 
     if rule == "best":
         totals = [s.reward.total for s in group]
         return totals.index(max(totals))
-    return int(torch.randint(len(group), (1,), generator=generator)) if generator is not None else 0
+    return int(torch.randint(len(group), (1,), generator=generator, device=generator.device)) if generator is not None else 0
 
 
 def rollout_trace(batch: RolloutBatch, samples: list[Sample], r: int) -> dict:

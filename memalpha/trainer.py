@@ -33,8 +33,8 @@ from memalpha.config import RunConfig, training_fields
 from memalpha.data.schema import Instance
 from memalpha.episode import truncate_for_training
 from memalpha.errors import UserError
-from memalpha.generation import left_pad
-from memalpha.grpo import completion_logps, compute_advantages, group_ids, group_std, grpo_loss
+from memalpha.generation import left_pad, right_pad
+from memalpha.grpo import completion_logps, compute_advantages, group_ids, group_std, grpo_loss, shared_prompt_logps
 from memalpha.rollout import RolloutBatch, Sample, collect_rollouts, collect_step_rollouts
 from memalpha.tools import TOOL_NAMES
 
@@ -188,7 +188,7 @@ class Trainer:
         self.reader = make_reader(config.model, self.policy)
         self.judge = make_judge(config.model, self.policy) if config.reward.judge == "llm" else None
         seed_everything(cfg.seed)  # identical state whether the warm start ran now or was loaded
-        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.generator = torch.Generator(device=self.policy.device).manual_seed(cfg.seed)
         self.params = self.policy.trainable_parameters()
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         warmup = cfg.warmup_steps
@@ -283,18 +283,10 @@ class Trainer:
 
     def _collate(self, chosen: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """[left-padded prompt | right-padded completion] rows, attention mask, completion mask, width."""
-        pad = self.policy.tokenizer.pad_token_id
-        prompt_ids, prompt_mask = left_pad([s.prompt_ids for s in chosen], pad)
-        width = max(len(s.completion_ids) for s in chosen)
-        comp = torch.full((len(chosen), width), pad, dtype=torch.long)
-        comp_mask = torch.zeros((len(chosen), width), dtype=torch.long)
-        for i, s in enumerate(chosen):
-            comp[i, : len(s.completion_ids)] = torch.tensor(s.completion_ids)
-            comp_mask[i, : len(s.completion_ids)] = 1
-        device = self.policy.device
-        ids = torch.cat([prompt_ids, comp], 1).to(device)
-        attn = torch.cat([prompt_mask, comp_mask], 1).to(device)
-        return ids, attn, comp_mask.to(device), width
+        pad, device = self.policy.tokenizer.pad_token_id, self.policy.device
+        prompt_ids, prompt_mask = left_pad([s.prompt_ids for s in chosen], pad, device)
+        comp, comp_mask = right_pad([s.completion_ids for s in chosen], pad, device)
+        return torch.cat([prompt_ids, comp], 1), torch.cat([prompt_mask, comp_mask], 1), comp_mask, comp.shape[1]
 
     def _update(self, samples: list[Sample], advantages: torch.Tensor) -> dict[str, float]:
         """num_iterations passes of gradient accumulation over micro-batches, each ending in one
@@ -307,8 +299,7 @@ class Trainer:
         # (the normalisers below count them anyway), so their forward/backward passes are skipped.
         skippable = cfg.kl_beta == 0 and cfg.loss_type in ("grpo", "dr_grpo", "dapo")
         keep = [i for i in range(n_seq) if not (skippable and advantages[i] == 0)]
-        keep.sort(key=lambda i: (len(samples[i].prompt_ids) + len(samples[i].completion_ids), i))  # less padding
-        micro = [keep[j : j + cfg.micro_batch_size] for j in range(0, len(keep), cfg.micro_batch_size)]
+        micro = self._micro_batches(samples, keep)
         stats = {"loss": 0.0, "tokens": 0.0, "low": 0.0, "high": 0.0, "kl": 0.0, "entropy": 0.0,
                  "grad_norm": 0.0, "logp_diff": 0.0, "first_tokens": 0.0}
         if not micro:
@@ -319,14 +310,13 @@ class Trainer:
         try:
             for iteration in range(cfg.num_iterations):
                 self.optimizer.zero_grad(set_to_none=True)
-                for k, chosen in enumerate(micro):
+                for k, (chosen, shared) in enumerate(micro):
                     rows = [samples[i] for i in chosen]
-                    ids, attn, mask, width = self._collate(rows)
                     first = iteration == 0
-                    logps, entropy = completion_logps(model, ids, attn, width, self.config.rollout.temperature, with_entropy=first)
+                    logps, entropy, mask = self._logps(rows, shared, with_entropy=first)
                     if first:
                         old.append(logps.detach())
-                        ref.append(self._ref_logps(ids, attn, width) if cfg.kl_beta else None)
+                        ref.append(self._ref_logps(rows, shared) if cfg.kl_beta else None)
                         stats["entropy"] += float((entropy * mask).sum())
                         stats["logp_diff"] += _sampling_gap(rows, logps.detach())
                         stats["first_tokens"] += float(mask.sum())
@@ -351,11 +341,38 @@ class Trainer:
         stats["skipped"] = float(n_seq - len(keep))
         return stats
 
+    def _micro_batches(self, samples: list[Sample], keep: list[int]) -> list[tuple[list[int], bool]]:
+        """(sample indices, shares one prompt) per forward pass. With grpo.shared_prompt_update, the samples
+        of one prompt form one pass that runs the prompt once; the rest are packed micro_batch_size at a
+        time, sorted by length for less padding."""
+        cfg = self.config.grpo
+        by_prompt: dict[tuple[int, ...], list[int]] = {}
+        if cfg.shared_prompt_update and cfg.loss_type != "bnpo":
+            for i in keep:
+                by_prompt.setdefault(tuple(samples[i].prompt_ids), []).append(i)
+        shared = [rows for rows in by_prompt.values() if len(rows) > 1]
+        in_shared = {i for rows in shared for i in rows}
+        single = sorted((i for i in keep if i not in in_shared),
+                        key=lambda i: (len(samples[i].prompt_ids) + len(samples[i].completion_ids), i))
+        packed = [single[j : j + cfg.micro_batch_size] for j in range(0, len(single), cfg.micro_batch_size)]
+        return [(rows, True) for rows in shared] + [(rows, False) for rows in packed]
+
+    def _logps(self, rows: list[Sample], shared: bool, with_entropy: bool = False):
+        """Completion log-probs, entropies and completion mask of one micro-batch."""
+        temperature, device = self.config.rollout.temperature, self.policy.device
+        if shared:
+            comp, mask = right_pad([s.completion_ids for s in rows], self.policy.tokenizer.pad_token_id, device)
+            prompt = torch.tensor([rows[0].prompt_ids], dtype=torch.long, device=device)
+            logps, entropy = shared_prompt_logps(self.policy.model, prompt, comp, mask, temperature, with_entropy)
+            return logps, entropy, mask
+        ids, attn, mask, width = self._collate(rows)
+        logps, entropy = completion_logps(self.policy.model, ids, attn, width, temperature, with_entropy=with_entropy)
+        return logps, entropy, mask
+
     @torch.no_grad()
-    def _ref_logps(self, ids: torch.Tensor, attn: torch.Tensor, width: int) -> torch.Tensor:
+    def _ref_logps(self, rows: list[Sample], shared: bool) -> torch.Tensor:
         with self.policy.adapters_disabled():
-            logps, _ = completion_logps(self.policy.model, ids, attn, width, self.config.rollout.temperature)
-        return logps
+            return self._logps(rows, shared)[0]
 
     def _metrics(self, batch: RolloutBatch, rewards, groups, zero_std, update: dict[str, float]) -> dict[str, float]:
         samples = batch.samples
@@ -469,7 +486,7 @@ def _sampling_gap(rows: list[Sample], logps: torch.Tensor) -> float:
     total = 0.0
     for i, s in enumerate(rows):
         n = len(s.sampling_logps)
-        total += float((logps[i, :n].float().cpu() - torch.tensor(s.sampling_logps)).abs().sum())
+        total += float((logps[i, :n].float() - torch.tensor(s.sampling_logps, device=logps.device)).abs().sum())
     return total
 
 

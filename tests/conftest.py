@@ -11,3 +11,16 @@ for name, value in {
     "TOKENIZERS_PARALLELISM": "false",
 }.items():
     os.environ.setdefault(name, value)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` need CUDA: skipped, with the reason, on machines without one."""
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

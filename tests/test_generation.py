@@ -50,7 +50,7 @@ def test_generation_logps_match_full_forward(tiny):
         recomputed, _ = completion_logps(model, full, torch.ones_like(full), len(ids), 0.7)
         assert torch.allclose(recomputed[0], torch.tensor(lps), atol=1e-4)
     # and in one padded batch laid out as the trainer does
-    ids, attn = left_pad([p for p in prompts], tokenizer.pad_token_id)
+    ids, attn = left_pad([p for p in prompts], tokenizer.pad_token_id, "cpu")
     width = max(len(c) for c in out.completion_ids)
     comp = torch.full((4, width), tokenizer.pad_token_id)
     cmask = torch.zeros((4, width), dtype=torch.long)
@@ -87,3 +87,36 @@ def test_top_p_restricts_to_the_most_likely_token(tiny):
     greedy = _gen(model, tokenizer, prompts, greedy=True, max_new_tokens=1)
     nucleus = _gen(model, tokenizer, prompts, top_p=1e-6, max_new_tokens=1, seed=5)
     assert nucleus.completion_ids == greedy.completion_ids
+
+
+def test_identical_prompts_share_one_prefill_and_sample_as_unshared(tiny):
+    """Prompts repeated G times (a step-level group) are prefilled once; the tokens and log-probs equal
+    those of prefilling every copy, under the same seed."""
+    model, tokenizer = tiny
+    prompts = [p for p in _prompts()[:2] for _ in range(3)] + [_prompts()[0]]
+    shared = _gen(model, tokenizer, prompts, seed=4)
+    unshared = _gen(model, tokenizer, prompts, seed=4, share_prefill=False)
+    assert shared.prefilled_prompts == 2 and unshared.prefilled_prompts == 7
+    assert shared.completion_ids == unshared.completion_ids
+    for a, b in zip(shared.logps, unshared.logps):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+    assert len(set(map(tuple, shared.completion_ids[:3]))) > 1  # the copies are sampled independently
+
+
+def test_rows_that_finish_leave_the_batch_without_changing_the_others(tiny):
+    """Once a row emits end-of-sequence it is dropped from the decode batch; the rows still generating
+    keep exact log-probs (checked against a full forward pass) and the finished row stops at its eos."""
+    model, tokenizer = tiny
+    prompts = _prompts()
+    greedy = _gen(model, tokenizer, prompts, greedy=True)
+    stop = greedy.completion_ids[1][2]  # row 1 finishes within three tokens
+    out = _gen(model, tokenizer, prompts, greedy=True, eos_token_ids=[stop])
+    assert len(out.completion_ids[1]) <= 3 and not out.truncated[1]
+    assert any(len(ids) == 10 for ids in out.completion_ids)  # and some row generated after it left
+    for prompt, ids, lps, full_ids in zip(prompts, out.completion_ids, out.logps, greedy.completion_ids):
+        expected = full_ids[: full_ids.index(stop) + 1] if stop in full_ids else full_ids
+        assert ids == expected
+        full = torch.tensor([prompt + ids])
+        recomputed, _ = completion_logps(model, full, torch.ones_like(full), len(ids), 1.0)
+        assert torch.allclose(recomputed[0], torch.tensor(lps), atol=1e-4)
+

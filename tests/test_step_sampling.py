@@ -122,3 +122,32 @@ def test_a_curriculum_the_data_cannot_follow_is_refused(schedule, message):
 
     with pytest.raises(ConfigError, match=message):
         load_config(None, ["data.max_chunks_per_instance=2", f"data.chunk_curriculum={schedule}"])
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_the_shared_prompt_update_equals_the_plain_one(tmp_path, random_adapter, loss_type):  # noqa: F811
+    """Running a group's prompt forward once and reusing its cache for the G completions gives the
+    loss, KL, entropy and gradients of the plain update, which runs every [prompt | completion] row."""
+    from test_rollout import make_dataset
+
+    config = _step_config(make_dataset(tmp_path / "data"), "grpo.kl_beta=0.3", f"grpo.loss_type={loss_type}",
+                          "grpo.micro_batch_size=2")
+    trainer = Trainer(config, _run_dir(tmp_path, random_adapter))
+    batch = collect_step_rollouts(trainer.policy, trainer._next_instances(), config, num_generations=G,
+                                  generator=trainer.generator, reader=trainer.reader)
+    advantages = torch.randn(len(batch.samples), generator=torch.Generator().manual_seed(1))
+    assert all(shared for _, shared in trainer._micro_batches(batch.samples, list(range(len(batch.samples)))))
+
+    def update(shared: bool):
+        trainer.config = config.model_copy(update={"grpo": config.grpo.model_copy(update={"shared_prompt_update": shared})})
+        grads = []
+        trainer.optimizer.step = lambda: grads.extend(p.grad.clone() for p in trainer.params)
+        return trainer._update(batch.samples, advantages), grads
+
+    shared_stats, shared_grads = update(True)
+    plain_stats, plain_grads = update(False)
+    for key in ("loss", "kl", "entropy", "tokens", "grad_norm"):
+        assert shared_stats[key] == pytest.approx(plain_stats[key], rel=1e-4, abs=1e-6), key
+    assert shared_stats["grad_norm"] > 0
+    for a, b in zip(shared_grads, plain_grads):
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-6)

@@ -262,7 +262,7 @@ class PolicyMethod(Method):
         from memalpha.rollout import collect_rollouts
 
         config = self._rollout_config()
-        generator = None if not self.stochastic else torch.Generator().manual_seed(seed)
+        generator = None if not self.stochastic else torch.Generator(device=self.policy.device).manual_seed(seed)
         size = self.env.config.eval.batch_size
         built: list[Built] = []
         for start in range(0, len(instances), size):

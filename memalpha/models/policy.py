@@ -16,6 +16,7 @@ from typing import Iterator
 import torch
 
 from memalpha.config import ModelConfig
+from memalpha.generation import generate, left_pad
 from memalpha.models.loading import TINY_POLICY, build_tiny, choose_device, choose_dtype, load_pretrained
 from memalpha.tokens import TokenCounter, tokenizer_counter
 
@@ -137,48 +138,32 @@ class Policy:
         """Messages rendered with the tokenizer's chat template, as text."""
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
-    def encode(self, texts: list[str], max_length: int | None = None) -> dict[str, torch.Tensor]:
+    def encode(self, texts: list[str]) -> dict[str, torch.Tensor]:
         """Left-padded batch of rendered prompts on the policy's device; the template already holds the
-        special tokens, so none are added. With max_length, prompts keep their last tokens."""
-        self.tokenizer.truncation_side = "left"
-        batch = self.tokenizer(
-            texts,
-            add_special_tokens=False,
-            padding=True,
-            truncation=max_length is not None,
-            max_length=max_length,
-            return_tensors="pt",
-        )
-        return {k: v.to(self.device) for k, v in batch.items()}
+        special tokens, so none are added."""
+        rows = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        ids, mask = left_pad(rows, self.tokenizer.pad_token_id, self.device)
+        return {"input_ids": ids, "attention_mask": mask}
 
     @torch.no_grad()
     def generate_text(
-        self,
-        prompts: list[str],
-        max_new_tokens: int,
-        *,
-        batch_size: int = 16,
-        do_sample: bool = False,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        max_prompt_tokens: int | None = None,
+        self, prompts: list[str], max_new_tokens: int, *, batch_size: int = 16, max_prompt_tokens: int | None = None
     ) -> list[str]:
-        """Completions (special tokens removed) for rendered prompts, in batches; greedy by default."""
+        """Greedy completions (special tokens removed) of rendered prompts, in batches (the reader and the
+        judge); prompts longer than max_prompt_tokens keep their last tokens."""
+        tokenizer = self.tokenizer
+        ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        if max_prompt_tokens is not None:
+            ids = [row[-max_prompt_tokens:] for row in ids]
+        eos = [t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None]
         outputs: list[str] = []
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, len(prompts), batch_size):
-                batch = self.encode(prompts[start : start + batch_size], max_length=max_prompt_tokens)
-                sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if do_sample else {"do_sample": False}
-                generated = self.model.generate(
-                    **batch,
-                    max_new_tokens=max_new_tokens,
-                    pad_token_id=self.tokenizer.pad_token_id,
-                    **sampling,
-                )
-                new_tokens = generated[:, batch["input_ids"].shape[1] :]
-                outputs.extend(self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
+            for start in range(0, len(ids), batch_size):
+                out = generate(self.model, ids[start : start + batch_size], max_new_tokens=max_new_tokens,
+                               eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id, greedy=True)
+                outputs.extend(tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True))
         finally:
             self.model.train(was_training)
         return [text.strip() for text in outputs]
