@@ -1,14 +1,19 @@
 """Rollout benchmark with the default policy (SmolLM2-135M-Instruct + LoRA, default dtype).
 
-1. Generation throughput of `memalpha.generation.generate` on real writer prompts (synthetic
-   accurate-retrieval chunks, empty memory): one batched call for B*G = 1, 8, 32 rollouts against the
-   same prompts one at a time, with the LoRA deltas merged as rollouts run them, and B*G = 8 once more
-   with the unmerged adapter. Every completion runs to `NEW_TOKENS` (no early stop), so all
-   measurements generate the same number of tokens.
-2. Seconds per GRPO step of configs/default.yaml (without the warm start), split into generate,
-   reward and update. The untrained policy never writes a valid call, so its rewards tie and the
-   trainer would skip the update; the update is therefore timed on the step's real samples with
-   random advantages (what a step with non-tied rewards costs).
+1. Generation throughput of `memalpha.generation.generate` on the default config's writer prompts
+   (synthetic accurate-retrieval chunks, empty memory), counted as generated tokens per second of the
+   whole call, prefill included. B*G = 8 and 32 rows arrive as B distinct prompts each repeated G times
+   (a step-level group; a trajectory's first chunk), once with the shared prefill (each distinct prompt
+   prefilled once) and once prefilling every row, plus 32 distinct prompts (trajectory chunks after the
+   first, nothing to share). Every completion runs to `NEW_TOKENS` (no early stop), so all rows generate
+   the same number of tokens.
+2. Seconds per GRPO step of configs/default.yaml (without the warm start), split into generate, reward
+   and update, in trajectory and step sampling, with the shared-prompt update and with the plain one.
+   The untrained policy never writes a valid call, so its rewards tie and the trainer would skip the
+   update; the update is therefore timed on the step's real samples with random advantages.
+3. The compute floor of each step: FLOPs of its linear layers (2 x parameters per token, the LM head only
+   where logits are taken; the update's backward counted as 2x its forward) at this machine's measured
+   bf16 matmul rate. Attention and elementwise work are left out, so the floor is optimistic.
 
     python -m bench.run_all rollout      # writes bench/results/rollout.json and rollout.md
 """
@@ -18,15 +23,14 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 
-BATCHES = (1, 8, 32)
+BATCHES = (8, 32)
 NEW_TOKENS = 48
-SEQUENTIAL_PROMPTS = 4
-"""One-at-a-time throughput is measured on this many prompts (its rate does not depend on the count)."""
 STEPS = 2
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,67 +48,98 @@ def _prompts(policy, config, n: int) -> list[list[int]]:
     return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
-def _generate(policy, prompts, seed=0, merged=True) -> tuple[int, float, float, float]:
-    from contextlib import nullcontext
-
+def _generate(policy, prompts, share: bool, seed: int = 0) -> dict[str, Any]:
     from memalpha.generation import generate
 
     start = time.perf_counter()
-    with policy.merged_adapter() if merged else nullcontext():
+    with policy.merged_adapter():
         out = generate(policy.model, prompts, max_new_tokens=NEW_TOKENS, eos_token_ids=[], temperature=1.0,
-                       pad_token_id=policy.tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed))
-    return out.num_tokens, time.perf_counter() - start, out.prefill_s, out.decode_s
-
-
-def _batched_row(policy, prompts, merged=True) -> dict[str, Any]:
-    tokens, seconds, prefill, decode = _generate(policy, prompts, merged=merged)
-    return {"rollouts": len(prompts), "tokens": tokens, "seconds": round(seconds, 2), "prefill_s": round(prefill, 2),
-            "decode_s": round(decode, 2), "tokens_per_s": round(tokens / seconds, 2)}
+                       pad_token_id=policy.tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed),
+                       share_prefill=share)
+    seconds = time.perf_counter() - start
+    return {"rows": len(prompts), "prefilled_prompts": out.prefilled_prompts, "tokens": out.num_tokens,
+            "seconds": round(seconds, 2), "prefill_s": round(out.prefill_s, 2), "decode_s": round(out.decode_s, 2),
+            "tokens_per_s": round(out.num_tokens / seconds, 2)}
 
 
 def throughput(policy, config) -> dict[str, Any]:
+    G = config.rollout.num_generations
     prompts = _prompts(policy, config, max(BATCHES))
-    _generate(policy, prompts[:2])  # warm-up
-    rows = {f"batched_{n}": _batched_row(policy, prompts[:n]) for n in BATCHES}
-    rows["unmerged_8"] = _batched_row(policy, prompts[:8], merged=False)
-    tokens = seconds = 0.0
-    for prompt in prompts[:SEQUENTIAL_PROMPTS]:
-        t, s, _, _ = _generate(policy, [prompt])
-        tokens, seconds = tokens + t, seconds + s
-    rows["one_at_a_time"] = {"rollouts": SEQUENTIAL_PROMPTS, "tokens": int(tokens), "seconds": round(seconds, 2),
-                             "tokens_per_s": round(tokens / seconds, 2)}
-    for row in [rows[f"batched_{n}"] for n in BATCHES] + [rows["unmerged_8"]]:
-        row["speedup_vs_one_at_a_time"] = round(row["tokens_per_s"] / rows["one_at_a_time"]["tokens_per_s"], 2)
+    _generate(policy, prompts[:2], share=True)  # warm-up
+    rows: dict[str, Any] = {}
+    for n in BATCHES:
+        grouped = [p for p in prompts[: n // G] for _ in range(G)]
+        rows[f"groups_{n}_shared"] = _generate(policy, grouped, share=True)
+        rows[f"groups_{n}_unshared"] = _generate(policy, grouped, share=False)
+    rows[f"distinct_{max(BATCHES)}"] = _generate(policy, prompts, share=True)
+    rows["G"] = G
     rows["mean_prompt_tokens"] = round(sum(len(p) for p in prompts) / len(prompts), 1)
     return rows
 
 
-def step_split() -> dict[str, Any]:
+def matmul_gflops() -> float:
+    """bf16 2048x2048 matmul rate on this machine (the issue's reference for the floor)."""
+    a, b = torch.randn(2048, 2048, dtype=torch.bfloat16), torch.randn(2048, 2048, dtype=torch.bfloat16)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(5):
+        a @ b
+    return 5 * 2 * 2048**3 / (time.perf_counter() - start) / 1e9
+
+
+def _linear_params(model) -> tuple[int, int]:
+    """(parameters of the transformer body's linear layers, of the LM head)."""
+    head = model.get_output_embeddings().weight.numel()
+    body = sum(m.weight.numel() for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and "lora_" not in name and not name.endswith("lm_head"))
+    return body, head
+
+
+def floor_flops(samples, body: int, head: int, shared: bool) -> float:
+    """Linear-layer FLOPs of one step: the prefill (distinct prompts when shared), decoding, and the
+    update's forward and backward (3x forward; the prompt once per group when shared)."""
+    prompts = {tuple(s.prompt_ids) for s in samples} if shared else [tuple(s.prompt_ids) for s in samples]
+    prompt_tokens = sum(len(p) for p in prompts)
+    completion_tokens = sum(len(s.completion_ids) for s in samples)
+    rollout = 2 * body * (prompt_tokens + completion_tokens) + 2 * head * (len(prompts) + completion_tokens)
+    update = 3 * (2 * body * (prompt_tokens + completion_tokens) + 2 * head * completion_tokens)
+    return rollout + update
+
+
+def step_split(sampling: str, gflops: float) -> dict[str, Any]:
     from memalpha.config import load_config
-    from memalpha.rollout import collect_rollouts
+    from memalpha.rollout import collect_rollouts, collect_step_rollouts
     from memalpha.trainer import Trainer
 
+    collect = collect_step_rollouts if sampling == "step" else collect_rollouts
     with tempfile.TemporaryDirectory() as tmp:
-        config = load_config(ROOT / "configs" / "default.yaml", ["sft.enabled=false", f"output_dir={tmp}"])
+        config = load_config(ROOT / "configs" / "default.yaml",
+                             ["sft.enabled=false", f"output_dir={tmp}", f"grpo.sampling={sampling}"])
         trainer = Trainer(config, tmp)
+        body, head = _linear_params(trainer.policy.model)
         steps = []
-        for _ in range(STEPS):
-            batch = collect_rollouts(trainer.policy, trainer._next_instances(), config,
-                                     num_generations=config.rollout.num_generations, generator=trainer.generator,
-                                     reader=trainer.reader)
-            advantages = torch.randn(len(batch.samples), generator=torch.Generator().manual_seed(len(steps)))
-            start = time.perf_counter()
-            trainer._update(batch.samples, advantages)
-            update_s = time.perf_counter() - start
-            steps.append({"generate_s": batch.generate_s, "reward_s": batch.reward_s, "update_s": update_s,
-                          "samples": len(batch.samples), "generated_tokens": batch.generated_tokens,
-                          "generate_calls": batch.generate_calls,
-                          "mean_prompt_tokens": sum(len(s.prompt_ids) for s in batch.samples) / len(batch.samples)})
+        for index in range(STEPS):
+            batch = collect(trainer.policy, trainer._next_instances(), config,
+                            num_generations=config.rollout.num_generations, generator=trainer.generator,
+                            reader=trainer.reader)
+            advantages = torch.randn(len(batch.samples), generator=torch.Generator().manual_seed(index))
+            row = {"generate_s": batch.generate_s, "reward_s": batch.reward_s, "samples": len(batch.samples),
+                   "generated_tokens": batch.generated_tokens, "generate_calls": batch.generate_calls,
+                   "mean_prompt_tokens": sum(len(s.prompt_ids) for s in batch.samples) / len(batch.samples)}
+            for shared in (False, True):
+                trainer.config = config.model_copy(update={"grpo": config.grpo.model_copy(update={"shared_prompt_update": shared})})
+                start = time.perf_counter()
+                trainer._update(batch.samples, advantages)
+                row["update_shared_s" if shared else "update_plain_s"] = time.perf_counter() - start
+                row["floor_shared_s" if shared else "floor_plain_s"] = floor_flops(batch.samples, body, head, shared) / gflops / 1e9
+            steps.append(row)
     mean = {k: round(sum(s[k] for s in steps) / len(steps), 2) for k in steps[0]}
-    mean["step_s"] = round(mean["generate_s"] + mean["reward_s"] + mean["update_s"], 2)
+    mean["step_s"] = round(mean["generate_s"] + mean["reward_s"] + mean["update_shared_s"], 2)
+    mean["step_plain_update_s"] = round(mean["generate_s"] + mean["reward_s"] + mean["update_plain_s"], 2)
+    mean["floor_fraction"] = round(mean["floor_shared_s"] / mean["step_s"], 3)
     mean["generate_tokens_per_s"] = round(mean["generated_tokens"] / mean["generate_s"], 2)
-    return {"config": "configs/default.yaml (sft off)", "B": config.rollout.instances_per_step,
-            "G": config.rollout.num_generations, "chunks_per_instance": config.data.max_chunks_per_instance,
+    return {"sampling": sampling, "B": config.rollout.instances_per_step, "G": config.rollout.num_generations,
+            "chunks_per_instance": config.data.max_chunks_per_instance,
             "max_completion_length": config.rollout.max_completion_length, "steps_measured": STEPS,
             "mean": mean, "per_step": steps}
 
@@ -115,10 +150,17 @@ def run() -> dict[str, Any]:
 
     config = load_config(ROOT / "configs" / "default.yaml")
     policy = load_policy(config.model)
+    gflops = matmul_gflops()
     results = {"dtype": str(policy.dtype), "threads": torch.get_num_threads(), "new_tokens": NEW_TOKENS,
-               "load_average_1m_at_start": round(os.getloadavg()[0], 2), "generation": throughput(policy, config)}
+               "load_average_1m_at_start": round(os.getloadavg()[0], 2), "matmul_bf16_gflops": round(gflops, 1),
+               "generation": throughput(policy, config)}
     del policy
-    results["grpo_step"] = step_split()
+    results["grpo_step"] = {s: step_split(s, gflops) for s in ("trajectory", "step")}
+    default = results["grpo_step"][config.grpo.sampling]["mean"]
+    results["step_seconds"] = default["step_s"]
+    results["floor_seconds"] = default["floor_shared_s"]
+    results["generate_tokens_per_s"] = {str(n): results["generation"][f"groups_{n}_shared"]["tokens_per_s"]
+                                        for n in BATCHES}
     return results
 
 
@@ -127,26 +169,28 @@ def to_markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Benchmark: rollout", "",
         f"Default policy, {results['dtype']}, {results['threads']} threads, {results['new_tokens']} new tokens per "
-        f"rollout, writer prompts of {gen['mean_prompt_tokens']} tokens on average; load average at start "
-        f"{results['load_average_1m_at_start']} (shared CPU: higher load, lower numbers).", "",
-        "| rollouts | mode | tokens/s | seconds | prefill s | decode s | speed-up |", "|---|---|---|---|---|---|---|",
+        f"row, writer prompts of {gen['mean_prompt_tokens']} tokens on average, bf16 matmul "
+        f"{results['matmul_bf16_gflops']} GFLOP/s; load average at start {results['load_average_1m_at_start']} "
+        "(shared CPU: higher load, lower numbers).", "",
+        f"## Generation (tokens per second of the whole call, prefill included; groups of G = {gen['G']})", "",
+        "| rows | prompts | prefilled | tokens/s | seconds | prefill s | decode s |", "|---|---|---|---|---|---|---|",
     ]
-    one = gen["one_at_a_time"]
-    lines.append(f"| {one['rollouts']} | one at a time | {one['tokens_per_s']} | {one['seconds']} | | | 1.0 |")
-    for n in BATCHES:
-        row = gen[f"batched_{n}"]
-        lines.append(f"| {n} | one batched call | {row['tokens_per_s']} | {row['seconds']} | {row['prefill_s']} | "
-                     f"{row['decode_s']} | {row['speedup_vs_one_at_a_time']} |")
-    row = gen["unmerged_8"]
-    lines.append(f"| 8 | one batched call, unmerged LoRA | {row['tokens_per_s']} | {row['seconds']} | {row['prefill_s']} | "
-                 f"{row['decode_s']} | {row['speedup_vs_one_at_a_time']} |")
-    step = results["grpo_step"]
-    m = step["mean"]
-    lines += [
-        "", f"## GRPO step ({step['config']}: B={step['B']}, G={step['G']}, {step['chunks_per_instance']} chunks, "
-        f"max {step['max_completion_length']} new tokens; mean of {step['steps_measured']} steps)", "",
-        "| generate s | reward s | update s | step s | generated tokens | generate tokens/s |", "|---|---|---|---|---|---|",
-        f"| {m['generate_s']} | {m['reward_s']} | {m['update_s']} | {m['step_s']} | {m['generated_tokens']} | "
-        f"{m['generate_tokens_per_s']} |",
-    ]
+    labels = {f"groups_{n}_{k}": f"{n // gen['G']} x {gen['G']} copies, {k}" for n in BATCHES for k in ("shared", "unshared")}
+    labels[f"distinct_{max(BATCHES)}"] = f"{max(BATCHES)} distinct"
+    for key, label in labels.items():
+        row = gen[key]
+        lines.append(f"| {row['rows']} | {label} | {row['prefilled_prompts']} | {row['tokens_per_s']} | {row['seconds']} | "
+                     f"{row['prefill_s']} | {row['decode_s']} |")
+    lines += ["", "## GRPO step of configs/default.yaml (sft off), mean of the measured steps", "",
+              "| sampling | generate s | reward s | update s (shared / plain) | step s | floor s | floor / step | "
+              "generated tokens | generate tokens/s |", "|---|---|---|---|---|---|---|---|---|"]
+    for sampling, step in results["grpo_step"].items():
+        m = step["mean"]
+        lines.append(f"| {sampling} | {m['generate_s']} | {m['reward_s']} | {m['update_shared_s']} / {m['update_plain_s']} | "
+                     f"{m['step_s']} | {m['floor_shared_s']} | {m['floor_fraction']} | {m['generated_tokens']} | "
+                     f"{m['generate_tokens_per_s']} |")
+    lines += ["", f"B={step['B']}, G={step['G']}, {step['chunks_per_instance']} chunks, at most "
+              f"{step['max_completion_length']} new tokens. Step = generate + reward + shared-prompt update. The floor "
+              "counts linear-layer FLOPs only (prefill of distinct prompts, decoding, update forward + 2x backward) at "
+              "the measured matmul rate."]
     return "\n".join(lines) + "\n"

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 
 @dataclass
@@ -66,6 +67,45 @@ def distinct_rows(rows: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     return [list(key) for key in first], inverse
 
 
+class _ReservedLayer(DynamicLayer):
+    """A KV-cache layer whose keys and values live in a buffer reserved for the whole generation: a decode
+    step writes its position in place, where the default layer copies the whole cache (torch.cat) every
+    step (decode 15% faster at B*G = 32 here, bench/results/rollout.md)."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            batch, heads, _, dim = key_states.shape
+            self.key_buffer = key_states.new_empty((batch, heads, self.capacity, dim))
+            self.value_buffer = value_states.new_empty((batch, heads, self.capacity, dim))
+            self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
+        new = key_states.shape[-2]
+        self.key_buffer[:, :, self.length : self.length + new] = key_states
+        self.value_buffer[:, :, self.length : self.length + new] = value_states
+        self.length += new
+        self._expose()
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
+        self._expose()
+
+    def _expose(self) -> None:
+        self.keys = self.key_buffer[:, :, : self.length]
+        self.values = self.value_buffer[:, :, : self.length]
+
+
+def reserved_cache(model, capacity: int) -> DynamicCache:
+    """A DynamicCache whose layers hold `capacity` positions without reallocating."""
+    cache = DynamicCache()
+    cache.layers = [_ReservedLayer(capacity) for _ in range(model.config.num_hidden_layers)]
+    return cache
+
+
 def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Mask (to -inf) the tokens outside the smallest set whose probability reaches top_p."""
     sorted_logits, order = logits.sort(dim=-1, descending=True)
@@ -102,9 +142,10 @@ def generate(
     ids, attn = left_pad(distinct, pad_token_id, device)
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
     t0 = time.perf_counter()
-    out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True, logits_to_keep=1)
+    cache = reserved_cache(model, ids.shape[1] + max_new_tokens)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=positions, past_key_values=cache, use_cache=True,
+                logits_to_keep=1)
     t1 = time.perf_counter()
-    cache = out.past_key_values
     rows = torch.tensor(inverse, dtype=torch.long, device=device)
     if len(distinct) < len(prompts):
         cache.batch_select_indices(rows)
