@@ -214,7 +214,8 @@ class SFTConfig(_Section):
 class EvalConfig(_Section):
     data_path: str = "data/synth"
     """Prepared dataset folder evaluated by `memalpha eval` and the nightly flow."""
-    split: Literal["train", "validation", "test"] = "test"
+    split: Literal["train", "validation", "test", "all"] = "test"
+    """Split evaluated; `all` = every instance of the dataset, whatever its split."""
     methods: list[
         Literal["policy", "base", "sft", "rule_writer", "long_context", "rag_top2", "no_memory"]
     ] = ["policy", "base", "rule_writer", "rag_top2", "long_context", "no_memory"]

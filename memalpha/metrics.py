@@ -1,18 +1,25 @@
 """QA metrics: the only place answers are scored.
 
-Normalisation (SQuAD-style, plus numbers): lowercase; punctuation becomes a space ("New-York" ==
-"New York"), except a decimal point between digits; drop commas inside numbers ("1,000" -> "1000"); write decimals canonically ("3.50" -> "3.5",
-"3.0" -> "3"); drop the articles a/an/the; collapse whitespace. Gold answers may be ints or floats;
-they go through the same path, so "3", 3 and 3.0 are all the answer "3" (and "3.5" never equals "35").
-
-Matches are on word boundaries: the gold "3" is not found in "13", nor "art" in "party".
-A gold answer that normalises to nothing (e.g. "the") can never be matched and scores 0.
+Normalisation follows MemoryAgentBench's reference (SQuAD/DrQA): lowercase, delete punctuation ("A.I."
+-> "ai", "don't" -> "dont", "8:30" -> "830"), drop the articles a/an/the, collapse whitespace; exact
+match compares the normalised strings, F1 their tokens (a yes/no answer must match exactly). Deliberate
+differences, each with a worked example in docs/EVALUATION.md:
+- Unicode punctuation (curly quotes, guillemets, the ellipsis, the ideographic full stop) is deleted like
+  ASCII punctuation, and the Unicode dashes (en, em, minus) separate words: "Paris—the capital" reads
+  "paris capital". The ASCII hyphen is deleted as in the reference ("e-mail" == "email").
+- Numbers: a decimal point between digits stays ("3.5" never equals "35"), commas inside numbers go
+  ("1,000" -> "1000"), decimals are canonical ("3.50" -> "3.5", "3.0" -> "3"); ints and floats given as
+  gold answers go through the same path.
+- Substring match is on word boundaries: the gold "3" is not found in "13", nor "art" in "party".
+- A gold answer that normalises to nothing ("the") is compared in lowercase with its punctuation and
+  articles kept, so an identical prediction scores 1 (the reference scores any prediction 1 on substring).
 """
 
 from __future__ import annotations
 
 import re
 import string
+import unicodedata
 from collections import Counter
 from typing import Iterable, Protocol, Sequence, Union
 
@@ -20,8 +27,8 @@ from memalpha.question_types import metric_for_question_type
 
 Answer = Union[str, int, float]
 
-# Any punctuation mark except a decimal point between two digits.
-_PUNCT_RE = re.compile(r"(?!(?<=\d)\.(?=\d))[" + re.escape(string.punctuation) + "]")
+_DASHES = re.compile(r"[\u2010-\u2015\u2212\ufe58\ufe63\uff0d]")  # the ASCII hyphen is deleted, as in the reference
+_DECIMAL_POINT = "\x00"  # stands in for a decimal point while punctuation is deleted
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
 _DECIMAL = re.compile(r"\b\d+\.\d+\b")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -37,24 +44,50 @@ def _canonical_decimal(match: re.Match[str]) -> str:
     return text or "0"
 
 
+def _is_punctuation(char: str) -> bool:
+    return char in string.punctuation or unicodedata.category(char).startswith("P")
+
+
 def normalize_answer(text: Answer) -> str:
-    """Lowercase, punctuation to spaces (keeping decimal points), canonical numbers, no articles, single spaces."""
+    """Lowercase, canonical numbers, dashes to spaces, other punctuation deleted (decimal points kept),
+    no articles, single spaces."""
     if isinstance(text, bool):
         text = str(text)
     elif isinstance(text, float) and text.is_integer():
         text = str(int(text))
     text = str(text).lower()
     text = _THOUSANDS.sub("", text)
-    text = _DECIMAL.sub(_canonical_decimal, text)
-    text = _PUNCT_RE.sub(" ", text)
+    text = _DECIMAL.sub(lambda m: _canonical_decimal(m).replace(".", _DECIMAL_POINT), text)
+    text = _DASHES.sub(" ", text)
+    text = "".join(ch for ch in text if not _is_punctuation(ch)).replace(_DECIMAL_POINT, ".")
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
 
 
+def _literal(text: Answer) -> str:
+    """Lowercase with single spaces: the fallback form of a gold answer that normalises to nothing."""
+    return " ".join(str(text).lower().split())
+
+
+def _as_list(answers: Answer | Iterable[Answer]) -> list[Answer]:
+    return [answers] if isinstance(answers, (str, int, float)) else list(answers)
+
+
 def _golds(answers: Answer | Iterable[Answer]) -> list[str]:
-    if isinstance(answers, (str, int, float)):
-        answers = [answers]
-    return [g for g in (normalize_answer(a) for a in answers) if g]
+    return [g for g in (normalize_answer(a) for a in _as_list(answers)) if g]
+
+
+def _pairs(prediction: str, answers: Answer | Iterable[Answer]) -> list[tuple[str, str]]:
+    """(prediction, gold) in the form they are compared: normalised, or literal for a gold that
+    normalises to nothing."""
+    pairs = []
+    for answer in _as_list(answers):
+        gold = normalize_answer(answer)
+        if gold:
+            pairs.append((normalize_answer(prediction), gold))
+        elif _literal(answer):
+            pairs.append((_literal(prediction), _literal(answer)))
+    return pairs
 
 
 def _contains(haystack: str, needle: str) -> bool:
@@ -63,25 +96,28 @@ def _contains(haystack: str, needle: str) -> bool:
 
 def substring_em(prediction: str, answers: Answer | Iterable[Answer]) -> float:
     """1.0 when any normalised gold answer occurs (on word boundaries) in the normalised prediction."""
-    pred = normalize_answer(prediction)
-    return float(any(_contains(pred, g) for g in _golds(answers)))
+    return float(any(_contains(pred, gold) for pred, gold in _pairs(prediction, answers)))
 
 
 def exact_match(prediction: str, answers: Answer | Iterable[Answer]) -> float:
     """1.0 when the normalised prediction equals any normalised gold answer."""
-    pred = normalize_answer(prediction)
-    return float(any(pred == g for g in _golds(answers)))
+    return float(any(pred == gold for pred, gold in _pairs(prediction, answers)))
+
+
+_YES_NO = frozenset({"yes", "no", "noanswer"})
 
 
 def token_f1(prediction: str, answers: Answer | Iterable[Answer]) -> float:
-    """Best SQuAD token F1 of the prediction over the gold answers."""
-    pred = normalize_answer(prediction).split()
+    """Best SQuAD token F1 of the prediction over the gold answers; a yes/no/noanswer prediction or gold
+    scores only when both are identical (the reference's rule)."""
     best = 0.0
-    for gold in _golds(answers):
-        gold_tokens = gold.split()
-        common = sum((Counter(pred) & Counter(gold_tokens)).values())
+    for pred, gold in _pairs(prediction, answers):
+        if (pred in _YES_NO or gold in _YES_NO) and pred != gold:
+            continue
+        pred_tokens, gold_tokens = pred.split(), gold.split()
+        common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
         if common:
-            precision, recall = common / len(pred), common / len(gold_tokens)
+            precision, recall = common / len(pred_tokens), common / len(gold_tokens)
             best = max(best, 2 * precision * recall / (precision + recall))
     return best
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import json_repair
 
+from memalpha.text import encodable
+
 NOTHING_TO_STORE = "NOTHING_TO_STORE"
 """Marker for an explicit "this chunk has nothing worth storing"."""
 
@@ -109,6 +111,18 @@ def _load_json(text: str) -> Any:
         return repaired if isinstance(repaired, (dict, list)) and repaired else None
 
 
+def _encodable_strings(value: Any) -> Any:
+    """Lone surrogates in the strings of a parsed call escaped (`text.encodable`), so whatever is stored
+    can be written as UTF-8."""
+    if isinstance(value, str):
+        return encodable(value)
+    if isinstance(value, list):
+        return [_encodable_strings(v) for v in value]
+    if isinstance(value, dict):
+        return {encodable(str(k)): _encodable_strings(v) for k, v in value.items()}
+    return value
+
+
 class _Collector:
     """Accumulates calls and errors with their text positions, and the formats seen."""
 
@@ -160,7 +174,7 @@ class _Collector:
         if not isinstance(arguments, dict):
             self.error(pos, f"arguments of {name.strip()} are not a JSON object: {_snippet(raw)}")
             return
-        self.items.append((pos, ToolCall(name.strip(), arguments, raw)))
+        self.items.append((pos, ToolCall(encodable(name.strip()), _encodable_strings(arguments), raw)))
 
     def scan_json(self, text: str, offset: int) -> int:
         """Read every JSON-looking fragment of `text`; returns how many were found."""

@@ -17,6 +17,12 @@ _STOPWORDS = frozenset(STOPWORDS_EN)
 _STEMMER = Stemmer.Stemmer("english")
 
 
+def encodable(text: str) -> str:
+    """`text` with every lone UTF-16 surrogate (a model can emit "\\ud83d" inside JSON) written as its
+    escape, so the string can be encoded as UTF-8 wherever it is stored."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def tokenize(text: str) -> list[str]:
     """Lowercased words (numbers and one-letter words kept), English stopwords dropped, Snowball-stemmed:
     the terms BM25 indexes and the words the rule judge compares."""

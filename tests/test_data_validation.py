@@ -60,6 +60,14 @@ def test_empty_chunk_drops_the_instance(mixed):
     assert _reasons(result, "empty_chunk") == [("expect_column_values_to_be_between(tokens)", "chunks", None, 1)]
 
 
+def test_a_whitespace_only_chunk_is_rejected_even_when_the_tokenizer_counts_its_spaces():
+    spaces_count = lambda text: len(text)  # noqa: E731  (a subword tokenizer gives whitespace tokens)
+    result = validate([_good("blank", chunks=["Ann adopted a dog named Rex.", " \n\t "])], spaces_count)
+    assert result.valid == []
+    assert [(r["chunk_index"], r["reason"]) for r in result.rejected if r["table"] == "chunks"] == [
+        (1, "empty or whitespace-only chunk")]
+
+
 def test_duplicate_instance_id_keeps_the_first(mixed):
     _, result = mixed
     dup = [r for r in result.rejected if r["instance_id"] == "ok"]
@@ -95,7 +103,7 @@ def test_summary_keywords(mixed):
 def test_errors_are_described_with_origins(mixed):
     _, result = mixed
     text = result.describe_errors({"empty_chunk": "in.parquet: row 2"}, limit=50)
-    assert "instance 'empty_chunk' (in.parquet: row 2): chunk 1: field 'chunks': empty chunk [expect_column_values_to_be_between(tokens)]" in text
+    assert "instance 'empty_chunk' (in.parquet: row 2): chunk 1: field 'chunks': empty or whitespace-only chunk [expect_column_values_to_be_between(tokens)]" in text
     assert "instance 'absent': question 'q0': field 'answers': no gold answer occurs in the context" in text
 
 

@@ -190,3 +190,24 @@ def test_instance_cap_alternates_competencies():
     pool = [inst(0, "a"), inst(1, "a"), inst(2, "a"), inst(3, "b"), inst(4, "c"), inst(5, "b")]
     assert [i.instance_id for i in stratified(pool, 4)] == ["i0", "i3", "i4", "i1"]
     assert len(stratified(pool, 10)) == 6
+
+
+def test_split_all_evaluates_every_instance_and_the_default_says_what_it_covered(tmp_path, capsys):
+    from dataclasses import replace
+
+    from memalpha.cli import main
+
+    base = _instances()
+    instances = [replace(base[i % 2], instance_id=f"{base[i % 2].instance_id}-{i}", split=split)
+                 for i, split in enumerate(["train"] * 6 + ["validation", "test", "test", "test"])]
+    data = write_dataset(tmp_path / "data", instances)
+    common = ["--data", str(data), "--methods", "no_memory", "--set", "model.policy=tiny", "--set", "eval.max_instances=2"]
+    assert main(["eval", *common, "--out", str(tmp_path / "default")]) == 0
+    covered = "2 of 3 instances of the test split, 2 taken round-robin over competencies"
+    assert covered in capsys.readouterr().out
+    assert covered in (tmp_path / "default" / "results.md").read_text()
+
+    assert main(["eval", *common, "--split", "all", "--out", str(tmp_path / "all")]) == 0
+    assert "10 of 10 instances of the whole dataset (every split)" in capsys.readouterr().out
+    evaluated = pl.read_csv(tmp_path / "all" / "instances.csv")["instance_id"].to_list()
+    assert sorted(evaluated) == sorted(i.instance_id for i in instances)

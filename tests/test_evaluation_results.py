@@ -128,3 +128,14 @@ def test_report_writes_tables_and_plots(result, tmp_path):
     assert pl.read_csv(paths["by_competency_csv"]).height == 4
     for name in ("score_vs_memory", "score_vs_length"):
         assert paths[name].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_memory_with_a_lone_surrogate_is_written_escaped(result, tmp_path):
+    """A model can emit "\\ud83d" inside JSON; the report writer escapes it instead of raising."""
+    from memalpha.evaluation.report import write_report
+
+    result.memories = [{"method": "writer", "instance_id": "i1", "memory": {"semantic": ["likes \ud83d tea"]}}]
+    result.info = {"data": "fixture \ud83d"}
+    paths = write_report(result, tmp_path, title="Fixture \ud83d")
+    assert "likes \\ud83d tea" in paths["memories"].read_text(encoding="utf-8")
+    assert "Fixture \\ud83d" in paths["markdown"].read_text(encoding="utf-8")

@@ -21,7 +21,7 @@ from memalpha.metrics import (
     [
         ("The Eiffel Tower!", "eiffel tower"),
         ("  An   apple, a day ", "apple day"),
-        ("New-York", "new york"),
+        ("New-York", "newyork"),
         ("1,000 people", "1000 people"),
         ("3.50", "3.5"),
         ("It is 3.0.", "it is 3"),

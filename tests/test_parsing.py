@@ -149,3 +149,12 @@ def test_non_object_arguments_are_an_error():
 def test_deeply_nested_input_does_not_raise():
     result = parse_tool_calls("[{" + '"a":[' * 5000)
     assert result.calls == []
+
+
+def test_a_lone_surrogate_in_a_call_is_escaped_and_the_call_still_parses():
+    from memalpha.parsing import parse_tool_calls
+
+    result = parse_tool_calls('{"name": "memory_insert", "arguments": {"memory_type": "semantic", "content": "likes \\ud83d tea"}}')
+    (call,) = result.calls
+    assert call.arguments["content"] == "likes \\ud83d tea"
+    call.arguments["content"].encode("utf-8")

@@ -41,6 +41,9 @@ def register(subparsers) -> None:
     prep.add_argument("--path", required=True, help="input file or folder")
     prep.add_argument("--out", required=True, help="output dataset folder")
     prep.add_argument("--drop-invalid", action="store_true", help="drop invalid rows instead of failing")
+    prep.add_argument("--competency", choices=COMPETENCIES,
+                      help="competency of every instance (default: the data's own field, else conflict_resolution "
+                           "when questions list superseded values, else guessed from the data-source name, with a note)")
     prep.add_argument("--chunk-tokens", type=int, help="chunk size for raw sources (default: data.chunk_tokens)")
     prep.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     prep.add_argument("--closed-book", choices=["off", "local", "openai"], default="off",
@@ -119,7 +122,7 @@ def _prep(args) -> int:
     tokenizer, name = _tokenizer(args.tokenizer, config)
     summary = prepare(args.source, args.path, args.out, tokenizer=tokenizer, tokenizer_name=name, data_cfg=config.data,
                       chunk_tokens=args.chunk_tokens, drop_invalid=args.drop_invalid, overwrite=args.overwrite,
-                      reader=_closed_book_reader(args.closed_book, config), progress=True)
+                      reader=_closed_book_reader(args.closed_book, config), progress=True, competency=args.competency)
     _print_summary(summary)
     return 0
 

@@ -21,6 +21,11 @@ def register(subparsers) -> None:
     parser.add_argument("--data", help="dataset folder (default: eval.data_path)")
     parser.add_argument("--methods", nargs="+", choices=ALL_METHODS, metavar="METHOD",
                         help=f"methods to compare (default: eval.methods); any of {', '.join(ALL_METHODS)}")
+    parser.add_argument("--split", choices=["train", "validation", "test", "all"],
+                        help="split to evaluate (default: eval.split, test); all = every instance of the dataset")
+    parser.add_argument("--max-instances", type=int, metavar="N",
+                        help="instances to evaluate, round-robin over competencies; 0 = all (default: "
+                             "eval.max_instances, 8; 0 when --split all)")
     parser.add_argument("--seeds", nargs="+", type=int, help="seeds for sampled decoding (default: eval.seeds)")
     parser.add_argument("--out", default="runs/eval", help="report folder (default: runs/eval)")
     parser.add_argument("--length", action="store_true",
@@ -47,7 +52,12 @@ def _run(args) -> int:
     from memalpha.evaluation import evaluate, evaluate_length, resolve_adapter, write_report
     from memalpha.evaluation.regression import check_regression
 
-    config = load_config(args.config, args.set)
+    overrides = list(args.set)
+    if args.split:
+        overrides.append(f"eval.split={args.split}")
+    if args.max_instances is not None or args.split == "all":
+        overrides.append(f"eval.max_instances={args.max_instances if args.max_instances is not None else 0}")
+    config = load_config(args.config, overrides)
     previous = _previous_metrics(args.compare) if args.compare else None
     model = resolve_adapter(args.model) if args.model else None
     result = evaluate(config, args.data, args.methods, model_uri=model, seeds=args.seeds)
@@ -63,7 +73,7 @@ def _run(args) -> int:
     if previous is not None:
         check = check_regression(metrics, previous, config.eval.regression_threshold, config.eval.regression_keys)
         extra += f"\n\n### Regression check\n\n{check.message}\n\n{check.to_markdown()}"
-    paths = write_report(result, args.out, title=f"Evaluation ({config.eval.split} split)", extra_markdown=extra.strip())
+    paths = write_report(result, args.out, title=f"Evaluation ({result.info['covered']})", extra_markdown=extra.strip())
     (Path(args.out) / METRICS_FILE).write_text(json.dumps(metrics, indent=2, sort_keys=True))
     print()
     print(paths["markdown"].read_text().split("![", 1)[0].rstrip())

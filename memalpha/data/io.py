@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +104,47 @@ def _string_list(value: Any, loc: str, allow_numbers: bool = False) -> list[str]
     return out
 
 
+SUPERSEDED_KEYS = ("superseded_answers", "superseded", "old_answers", "old_answer", "previous_answers",
+                   "previous_answer", "outdated_answers")
+"""Keys that list a conflict question's superseded values, in a question object or in the instance's
+metadata (there a list aligned with the questions, or an object keyed by question id or position)."""
+
+
+def _superseded(obj: dict[str, Any], loc: str) -> list[str]:
+    for key in SUPERSEDED_KEYS:
+        value = obj.get(key)
+        if value is not None and value != []:
+            return _string_list(value if isinstance(value, list) else [value], f"{loc}.{key}", True)
+    return []
+
+
+def _metadata_superseded(metadata: dict[str, Any], questions: list[Question], loc: str) -> list[Question]:
+    """Questions with the superseded values the instance metadata lists for them added."""
+    for key in SUPERSEDED_KEYS:
+        listed = metadata.get(key)
+        if listed is None:
+            continue
+        if isinstance(listed, list):
+            if len(listed) != len(questions):
+                raise DataError(f"{loc}.{key}: {len(listed)} entries for {len(questions)} questions")
+            by_position = dict(enumerate(listed))
+        elif isinstance(listed, dict):
+            by_position = {i: listed.get(q.question_id, listed.get(str(i))) for i, q in enumerate(questions)}
+        else:
+            raise DataError(f"{loc}.{key}: expected a list or an object, got {type(listed).__name__}")
+        out = []
+        for i, q in enumerate(questions):
+            value = by_position.get(i)
+            values = [] if value is None else value if isinstance(value, list) else [value]
+            extra = _string_list(values, f"{loc}.{key}[{i}]", True)
+            out.append(replace(q, superseded_answers=list(dict.fromkeys(q.superseded_answers + extra))))
+        return out
+    return questions
+
+
 def parse_question(obj: Any, index: int, competency: str, loc: str) -> Question:
-    """One question object (Memalpha `{question, answer}` plus our optional keys) -> Question."""
+    """One question object (Memalpha `{question, answer}` plus our optional keys) -> Question. Without a
+    `question_type` the question gets `competency` (which may be "" while the competency is not known)."""
     loc = f"{loc}[{index}]"
     if not isinstance(obj, dict):
         raise DataError(f"{loc}: expected an object with 'question' and 'answer', got {type(obj).__name__}")
@@ -134,16 +174,22 @@ def parse_question(obj: Any, index: int, competency: str, loc: str) -> Question:
         answers=answers,
         question_type=qtype,
         evidence_chunks=evidence,
-        superseded_answers=_string_list(obj.get("superseded_answers") or [], f"{loc}.superseded_answers", True),
+        superseded_answers=_superseded(obj, loc),
     )
 
 
-def frame_to_instances(frame: pl.DataFrame, path: object) -> list[Instance]:
-    """The on-disk frame -> instances. Structural problems raise DataError naming file, row and field."""
+def frame_to_instances(frame: pl.DataFrame, path: object, competency: str | None = None,
+                       notes: list[str] | None = None) -> list[Instance]:
+    """The on-disk frame -> instances. Structural problems raise DataError naming file, row and field.
+
+    Competency: `competency` (the user's override), else the row's `competency` column, else
+    conflict_resolution when a question lists superseded values, else a guess from `data_source`; each
+    guess is described in `notes`."""
     missing = [name for name in REQUIRED_COLUMNS if name not in frame.columns]
     if missing:
         raise DataError(f"{path}: missing column(s) {', '.join(missing)} (found: {', '.join(frame.columns)})")
     instances = []
+    guesses: dict[tuple[str, str], int] = {}
     for row, record in enumerate(frame.iter_rows(named=True)):
         raw_id = record["instance_id"]
         if raw_id is None or isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
@@ -154,23 +200,52 @@ def frame_to_instances(frame: pl.DataFrame, path: object) -> list[Instance]:
         data_source = record.get("data_source") or ""
         if not isinstance(data_source, str):
             raise DataError(f"{loc('data_source')}: expected a string, got {type(data_source).__name__}")
-        competency = record.get("competency") or infer_competency(data_source)
-        if competency not in COMPETENCIES:
-            raise DataError(f"{loc('competency')}: {competency!r} is not one of {', '.join(COMPETENCIES)}")
         qa = _json_field(record["questions_and_answers"], loc("questions_and_answers"))
         if not isinstance(qa, list):
             raise DataError(f"{loc('questions_and_answers')}: expected a list, got {type(qa).__name__}")
-        questions = [parse_question(obj, i, competency, loc("questions_and_answers")) for i, obj in enumerate(qa)]
+        questions = [parse_question(obj, i, "", loc("questions_and_answers")) for i, obj in enumerate(qa)]
         metadata = _json_field(record.get("metadata"), loc("metadata")) or {}
         if not isinstance(metadata, dict):
             raise DataError(f"{loc('metadata')}: expected a JSON object, got {type(metadata).__name__}")
+        questions = _metadata_superseded(metadata, questions, loc("metadata"))
+        comp = resolve_competency(competency or record.get("competency"), questions, data_source, guesses,
+                                  loc("competency"))
+        questions = with_default_type(questions, comp)
         for name, actual in (("num_chunks", len(chunks)), ("num_questions", len(questions))):
             stated = record.get(name)
             if stated is not None and stated != actual:
                 raise DataError(f"{loc(name)}: says {stated} but the row has {actual}")
         split = record.get("split") or ""
-        instances.append(Instance(iid, data_source, competency, chunks, questions, metadata, split))
+        instances.append(Instance(iid, data_source, comp, chunks, questions, metadata, split))
+    if notes is not None:
+        notes.extend(guess_notes(guesses))
     return instances
+
+
+def resolve_competency(stated: str | None, questions: list[Question], data_source: str,
+                       guesses: dict[tuple[str, str], int], loc: str) -> str:
+    """The stated competency (an override or the data's own field), else conflict_resolution when a
+    question lists superseded values, else a guess from the data-source name, counted in `guesses`."""
+    if not stated and any(q.superseded_answers for q in questions):
+        stated = "conflict_resolution"
+    elif not stated:
+        stated = infer_competency(data_source)
+        guesses[(data_source, stated)] = guesses.get((data_source, stated), 0) + 1
+    if stated not in COMPETENCIES:
+        raise DataError(f"{loc}: {stated!r} is not one of {', '.join(COMPETENCIES)}")
+    return stated
+
+
+def with_default_type(questions: list[Question], competency: str) -> list[Question]:
+    """Questions without a question_type get their instance's competency as type."""
+    return [q if q.question_type else replace(q, question_type=competency) for q in questions]
+
+
+def guess_notes(guesses: dict[tuple[str, str], int]) -> list[str]:
+    """One printed note per guessed (data source, competency)."""
+    return [f"competency of {n} instance(s) with data_source {source!r} guessed as {competency} from the name "
+            f"(no competency field, no superseded answers); override with --competency or a competency field"
+            for (source, competency), n in guesses.items()]
 
 
 def read_frame(path: str | Path) -> pl.DataFrame:
@@ -203,6 +278,22 @@ def rejected_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
     """Rejected-rows table, one row per problem."""
     schema = {name: pl.Int64 if name == "chunk_index" else pl.String for name in REJECTED_COLUMNS}
     return pl.DataFrame([{name: r.get(name) for name in REJECTED_COLUMNS} for r in rows], schema=schema)
+
+
+def refused_dir(out_dir: str | Path) -> Path:
+    """Where a refused prep writes its rejected rows: beside the dataset folder, which stays untouched."""
+    out = Path(out_dir)
+    return out.with_name(f"{out.name}.rejected")
+
+
+def write_rejected(folder: str | Path, rejected: list[dict[str, Any]], report_md: str, report_html: str) -> Path:
+    """The rejected table and validation report of a refused prep (replacing an earlier refusal's)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rejected_frame(rejected).write_parquet(folder / REJECTED_FILE)
+    (folder / REPORT_MD).write_text(report_md, encoding="utf-8")
+    (folder / REPORT_HTML).write_text(report_html, encoding="utf-8")
+    return folder
 
 
 def write_dataset(

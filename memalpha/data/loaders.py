@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
 from memalpha.data.chunking import Turn, chunk_turns, text_turns
-from memalpha.data.io import frame_to_instances, infer_competency, parse_question, read_frame
+from memalpha.data.io import (frame_to_instances, guess_notes, parse_question, read_frame, resolve_competency,
+                              with_default_type)
 from memalpha.data.schema import DataError, Instance, Question, answer_to_str
-from memalpha.question_types import COMPETENCIES
 
 SOURCES = ("synthetic", "memalpha", "memoryagentbench", "locomo", "jsonl")
 
@@ -63,12 +63,13 @@ def to_instance(item: Instance | RawInstance, tokenizer: Any, chunk_tokens: int)
                     {**item.metadata, "chunk_tokens": chunk_tokens}, "")
 
 
-def load_memalpha(path: str | Path) -> Loaded:
-    """A Memalpha-format parquet file or one of our dataset folders."""
+def load_memalpha(path: str | Path, competency: str | None = None) -> Loaded:
+    """A Memalpha-format parquet file or one of our dataset folders (`competency` overrides the data's)."""
     path = Path(path)
     target = path / "data.parquet" if path.is_dir() else path
-    instances = frame_to_instances(read_frame(path), target)
-    return Loaded(list(instances), {inst.instance_id: f"{target}: row {i}" for i, inst in enumerate(instances)})
+    notes: list[str] = []
+    instances = frame_to_instances(read_frame(path), target, competency, notes)
+    return Loaded(list(instances), {inst.instance_id: f"{target}: row {i}" for i, inst in enumerate(instances)}, notes)
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
@@ -133,6 +134,7 @@ def load_memoryagentbench(path: str | Path, competency: str | None = None) -> Lo
     the last chunk, so evidence is unknown."""
     path = Path(path)
     loaded = Loaded([])
+    guesses: dict[tuple[str, str], int] = {}
     for row, record in enumerate(_read_records(path)):
         loc = f"{path}: row {row}"
         context = _require(record, "context", str, loc)
@@ -142,7 +144,7 @@ def load_memoryagentbench(path: str | Path, competency: str | None = None) -> Lo
             raise DataError(f"{loc}: {len(questions)} questions but {len(answers)} answer lists")
         metadata = _metadata(record.get("metadata"), loc)
         source = str(metadata.get("source") or path.stem)
-        comp = competency or infer_competency(f"{source} {path.stem}")
+        comp = resolve_competency(competency, [], f"{source} {path.stem}", guesses, f"{loc}: field 'competency'")
         ids = metadata.get("qa_pair_ids") or metadata.get("question_ids")
         qs = []
         for i, (question, answer) in enumerate(zip(questions, answers)):
@@ -157,6 +159,7 @@ def load_memoryagentbench(path: str | Path, competency: str | None = None) -> Lo
         iid = f"mab-{source}-{row}"
         loaded.items.append(RawInstance(iid, source, comp, text_turns(context), qs, {}, metadata))
         loaded.origins[iid] = loc
+    loaded.notes.extend(guess_notes(guesses))
     return loaded
 
 
@@ -249,22 +252,23 @@ def _jsonl_turn_list(items: list[Any], loc: str, date: str | None) -> list[Turn]
     return turns
 
 
-def load_jsonl(path: str | Path) -> Loaded:
+def load_jsonl(path: str | Path, competency: str | None = None) -> Loaded:
     """JSONL, one instance a line: optional instance_id, data_source, competency, metadata; the content as
     `chunks` (pre-chunked), `sessions` ([{date, turns}]), `turns` ([{speaker, text, date?, id?}]) or
     `text`; and `questions` ([{question, answer or answers, question_type?, evidence? (turn ids),
     evidence_chunks?, superseded_answers?, question_id?}])."""
     path = Path(path)
     loaded = Loaded([])
+    guesses: dict[tuple[str, str], int] = {}
     for row, record in enumerate(_read_records(path)):
         loc = f"{path}: row {row}"
         iid = str(record.get("instance_id") or f"{path.stem}-{row}")
         source = str(record.get("data_source") or path.stem)
-        comp = record.get("competency") or infer_competency(source)
-        if comp not in COMPETENCIES:
-            raise DataError(f"{loc}: field 'competency': {comp!r} is not one of {', '.join(COMPETENCIES)}")
         raw_qs = _require(record, "questions", list, loc)
-        questions = [parse_question(q, i, comp, f"{loc}: field 'questions'") for i, q in enumerate(raw_qs)]
+        questions = [parse_question(q, i, "", f"{loc}: field 'questions'") for i, q in enumerate(raw_qs)]
+        comp = resolve_competency(competency or record.get("competency"), questions, source, guesses,
+                                  f"{loc}: field 'competency'")
+        questions = with_default_type(questions, comp)
         metadata = _metadata(record.get("metadata"), loc)
         if "chunks" in record:
             chunks = _require(record, "chunks", list, loc)
@@ -279,17 +283,22 @@ def load_jsonl(path: str | Path) -> Loaded:
                     evidence[q.question_id] = [str(e) for e in raw["evidence"]]
             loaded.items.append(RawInstance(iid, source, comp, turns, questions, evidence, metadata))
         loaded.origins[iid] = loc
+    loaded.notes.extend(guess_notes(guesses))
     return loaded
 
 
-def load_source(source: str, path: str | Path) -> Loaded:
-    """Dispatch on the `--source` name."""
+def load_source(source: str, path: str | Path, competency: str | None = None) -> Loaded:
+    """Dispatch on the `--source` name; `competency` (`--competency`) overrides what the data says or
+    what would be guessed (LoCoMo is accurate retrieval unless overridden)."""
     if source in ("synthetic", "memalpha"):
-        return load_memalpha(path)
+        return load_memalpha(path, competency)
     if source == "memoryagentbench":
-        return load_memoryagentbench(path)
+        return load_memoryagentbench(path, competency)
     if source == "locomo":
-        return load_locomo(path)
+        loaded = load_locomo(path)
+        if competency:
+            loaded.items = [replace(item, competency=competency) for item in loaded.items]
+        return loaded
     if source == "jsonl":
-        return load_jsonl(path)
+        return load_jsonl(path, competency)
     raise DataError(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")

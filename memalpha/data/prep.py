@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from memalpha.data.chunking import TokenCounts
-from memalpha.data.io import write_dataset
+from memalpha.data.io import REJECTED_FILE, REPORT_MD, refused_dir, write_dataset, write_rejected
 from memalpha.data.loaders import Loaded, load_source, to_instance
 from memalpha.data.schema import DataError, Instance
 from memalpha.data.splits import assign_splits
@@ -28,9 +28,9 @@ class PrepSummary:
     notes: list[str] = field(default_factory=list)
 
 
-def load_step(source: str, path: str | Path) -> Loaded:
-    """Read the input in its own format."""
-    return load_source(source, path)
+def load_step(source: str, path: str | Path, competency: str | None = None) -> Loaded:
+    """Read the input in its own format (`competency` overrides the data's or the guessed one)."""
+    return load_source(source, path, competency)
 
 
 def chunk_step(loaded: Loaded, tokenizer: Any, chunk_tokens: int, progress: bool = False) -> list[Instance]:
@@ -55,10 +55,14 @@ def split_step(instances: list[Instance], ratios: list[float], seed: int) -> lis
 
 def write_step(out_dir: str | Path, instances: list[Instance], result: ValidationResult, manifest: dict[str, Any],
                drop_invalid: bool = False, overwrite: bool = False, origins: dict[str, str] | None = None) -> Path:
-    """Write the folder, or fail listing the problems (nothing is written) unless drop_invalid."""
+    """Write the folder, or fail listing the problems unless drop_invalid: the dataset folder is then not
+    touched, and the rejected table and report go to `io.refused_dir(out_dir)`."""
     if result.errors and not drop_invalid:
-        raise DataError(f"{len(result.errors)} problem(s) in the input; nothing was written "
-                        f"(use --drop-invalid to drop the bad rows):\n{result.describe_errors(origins)}")
+        refused = write_rejected(refused_dir(out_dir), result.rejected, result.report_markdown(), result.report_html())
+        raise DataError(f"{len(result.errors)} problem(s) in the input; nothing was written to {out_dir} "
+                        f"(use --drop-invalid to drop the bad rows). Every rejected row is in "
+                        f"{refused / REJECTED_FILE}, the report in {refused / REPORT_MD}:\n"
+                        f"{result.describe_errors(origins)}")
     if not instances:
         raise DataError("no valid instances left; nothing was written:\n" + result.describe_errors(origins))
     return write_dataset(out_dir, instances, rejected=result.rejected, report_md=result.report_markdown(),
@@ -85,11 +89,11 @@ def _finish(out_dir, instances, result, manifest, data_cfg, drop_invalid, overwr
 
 def prepare(source: str, path: str | Path, out_dir: str | Path, *, tokenizer: Any, tokenizer_name: str, data_cfg,
             chunk_tokens: int | None = None, drop_invalid: bool = False, overwrite: bool = False,
-            reader: Reader | None = None, progress: bool = False) -> PrepSummary:
+            reader: Reader | None = None, progress: bool = False, competency: str | None = None) -> PrepSummary:
     """`memalpha data prep`: load -> chunk -> validate -> split -> write."""
     counter = TokenCounts(tokenizer)
     chunk_tokens = chunk_tokens or data_cfg.chunk_tokens
-    loaded = load_step(source, path)
+    loaded = load_step(source, path, competency)
     instances = chunk_step(loaded, counter, chunk_tokens, progress)
     result = validate_step(instances, counter, Limits.from_config(data_cfg), reader, progress)
     manifest = {"source": source, "input": str(path), "tokenizer": tokenizer_name, "chunk_tokens": chunk_tokens}

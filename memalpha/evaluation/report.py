@@ -158,13 +158,14 @@ def write_report(result: EvalResult, out_dir: str | Path, title: str = "Evaluati
     paths["instances"] = out / "instances.csv"
     result.instances.write_csv(paths["instances"])
     paths["memories"] = out / "memories.jsonl"
-    paths["memories"].write_text("".join(json.dumps(m, ensure_ascii=False) + "\n" for m in result.memories))
+    paths["memories"].write_text("".join(json.dumps(m, ensure_ascii=False) + "\n" for m in result.memories),
+                                 encoding="utf-8", errors="backslashreplace")  # a lone surrogate from a model
     paths["info"] = out / "info.json"
-    paths["info"].write_text(json.dumps(result.info, indent=2, sort_keys=True, default=str))
+    paths["info"].write_text(json.dumps(result.info, indent=2, sort_keys=True, default=str), encoding="utf-8")
     paths["score_vs_memory"] = plot_score_vs_memory(result, out / "score_vs_memory.png")
     paths["score_vs_length"] = plot_score_vs_length(length_points(result), out / "score_vs_length.png")
     lines = [f"# {title}", ""]
-    for key in ("command", "data", "split", "instances", "seeds", "decoding", "reader", "model", "retrieval"):
+    for key in ("command", "data", "split", "covered", "seeds", "decoding", "reader", "model", "retrieval"):
         if key in result.info:
             lines.append(f"- {key}: `{result.info[key]}`")
     lines += ["", summary_markdown(result)]
@@ -172,5 +173,5 @@ def write_report(result: EvalResult, out_dir: str | Path, title: str = "Evaluati
         lines += ["", extra_markdown]
     lines += ["", "![score vs memory](score_vs_memory.png)", "", "![score vs input length](score_vs_length.png)", ""]
     paths["markdown"] = out / "results.md"
-    paths["markdown"].write_text("\n".join(lines))
+    paths["markdown"].write_text("\n".join(lines), encoding="utf-8", errors="backslashreplace")
     return paths

@@ -27,18 +27,25 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 
 
-def load_instances(config: RunConfig, data_dir: str | Path | None = None) -> list[Instance]:
-    """The configured split of the dataset; with `eval.max_instances` (0 = all), that many instances
-    taken round-robin over competencies (in dataset order within each), so every competency is shown."""
+def load_instances(config: RunConfig, data_dir: str | Path | None = None) -> tuple[list[Instance], str]:
+    """The configured split of the dataset (`all`: every instance) and a sentence saying what was
+    covered; with `eval.max_instances` (0 = all), that many instances taken round-robin over
+    competencies (in dataset order within each), so every competency is shown."""
     path = Path(data_dir or config.eval.data_path)
     instances = read_dataset(path)
     split = config.eval.split
-    chosen = [inst for inst in instances if inst.split == split]
+    chosen = instances if split == "all" else [inst for inst in instances if inst.split == split]
     if not chosen:
         found = sorted({inst.split or "(none)" for inst in instances})
         raise UserError(f"{path}: no instance in split {split!r} (splits present: {', '.join(found)}); set eval.split")
     limit = config.eval.max_instances
-    return stratified(chosen, limit) if limit else chosen
+    picked = stratified(chosen, limit) if limit else chosen
+    where = "the whole dataset (every split)" if split == "all" else f"the {split} split"
+    covered = f"{len(picked)} of {len(chosen)} instances of {where}"
+    if len(picked) < len(chosen):
+        covered += (f", {limit} taken round-robin over competencies (eval.max_instances; "
+                    "--split all --max-instances 0 evaluates every instance)")
+    return picked, covered
 
 
 def stratified(instances: list[Instance], limit: int) -> list[Instance]:
@@ -186,10 +193,11 @@ def evaluate(
         method_names.remove("sft")
     for name, why in skipped.items():
         say(f"skipping {name}: {why}")
-    data_source = "instances given by the caller"
+    data_source, covered = "instances given by the caller", f"{len(instances or [])} instances given by the caller"
     if instances is None:
         data_source = str(data_dir or config.eval.data_path)
-        instances = load_instances(config, data_dir)
+        instances, covered = load_instances(config, data_dir)
+    say(f"evaluating {covered}")
     tokenizer, counter_name = policy_tokenizer(config)
     batch_counts = TokenCounts(tokenizer)
     input_tokens = [sum(batch_counts.counts(inst.chunks)) if inst.chunks else 0 for inst in instances]
@@ -221,6 +229,7 @@ def evaluate(
         "data": data_source,
         "split": config.eval.split,
         "instances": len(instances),
+        "covered": covered,
         "methods": method_names,
         "skipped": skipped,
         "seeds": seeds,

@@ -13,6 +13,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from memalpha.config import ModelConfig
+from memalpha.text import encodable
 
 
 class EndpointError(RuntimeError):
@@ -72,7 +73,7 @@ class OpenAIChatClient:
             content = json.loads(payload)["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
             raise EndpointError(f"{self.url} returned an unexpected body: {payload[:300]!r}") from None
-        return content or ""
+        return encodable(content or "")
 
     def complete_many(self, conversations: list[list[dict[str, str]]], max_tokens: int) -> list[str]:
         """Completions for many conversations, in order."""
