@@ -6,8 +6,9 @@ on a plateau; GRPO then runs until `STEPS` steps or until the time left only fit
 (the whole run stays within `BUDGET_S`). Held-out comparison: `TEST_INSTANCES` instances generated with
 seed `TEST_SEED` (training data uses seed 0), all greedy, the evidence reader and the same retrieval
 budget for every method: warm start, trained policy, rule writer, BM25 RAG top-2, long context. A
-policy's `qa_spread` is the std over 3 evaluations sampled at temperature 1. Writes learning.json,
-learning.md and learning.png (SFT curve, GRPO curve with held-out QA, the comparison).
+policy's `qa_spread` is the std over 3 evaluations sampled at temperature 1, measured at the end for
+both policies (the time they take is reserved from the start). Writes learning.json, learning.md and
+learning.png (SFT curve, GRPO curve with held-out QA, the comparison).
 
     python -m bench.run_all learning
 """
@@ -34,7 +35,7 @@ RUN_DIR = ROOT / "runs" / "bench-learning"
 PLOT = ROOT / "bench" / "results" / "learning.png"
 OVERRIDES = [
     f"output_dir={RUN_DIR}", "data.train_path=data/synth-ar-cr", f"data.competencies=[{', '.join(COMPETENCIES)}]", "grpo.sampling=step",
-    "grpo.eval_every=10", "eval.max_instances=8", "eval.batch_size=16", "sft.num_demonstrations=128", "sft.epochs=3", "sft.eval_chunks=24",
+    "grpo.eval_every=10", "grpo.learning_rate=3e-4", "eval.max_instances=8", "eval.batch_size=16", "sft.num_demonstrations=96", "sft.epochs=2", "sft.eval_chunks=16",
 ]
 CURVE_KEYS = ("reward", "qa_score", "rewards/coverage/mean", "rewards/r2/mean", "rewards/r4/mean",
               "tool_calls/success_rate", "tool_calls/nothing_to_store", "frac_reward_zero_std", "timing/step_s")
@@ -48,8 +49,8 @@ def test_instances(tokenizer) -> list:
     return generate(cfg, tokenizer)
 
 
-def compare(config, instances, method: str, model: Path | None = None, spread: bool = False) -> dict[str, Any]:
-    """Greedy evaluation of one method on the test instances (plus 3 sampled runs for `qa_spread`)."""
+def compare(config, instances, method: str, model: Path | None = None) -> dict[str, Any]:
+    """Greedy evaluation of one method on the test instances."""
     from memalpha.evaluation.runner import evaluate
     from memalpha.metrics import states_superseded
 
@@ -65,13 +66,18 @@ def compare(config, instances, method: str, model: Path | None = None, spread: b
         "stale_answers": int(stale),
         "seconds": round(sum(result.info["method_seconds"].values()), 1),
     }
-    if spread:
-        sampled = config.model_copy(update={"eval": config.eval.model_copy(update={"temperature": 1.0})})
-        runs = evaluate(sampled, methods=[method], model_uri=model, instances=instances, seeds=list(SPREAD_SEEDS),
-                        progress=None).questions
-        per_seed = [float(runs.filter(runs["seed"] == s)["score"].mean()) for s in SPREAD_SEEDS]
-        out.update(qa_sampled=per_seed, qa_spread=statistics.stdev(per_seed))
     return out
+
+
+def spread(config, instances, model: Path) -> dict[str, Any]:
+    """`qa_spread` of a policy: the std of its QA over 3 evaluations sampled at temperature 1."""
+    from memalpha.evaluation.runner import evaluate
+
+    sampled = config.model_copy(update={"eval": config.eval.model_copy(update={"temperature": 1.0})})
+    runs = evaluate(sampled, methods=["policy"], model_uri=model, instances=instances, seeds=list(SPREAD_SEEDS),
+                    progress=None).questions
+    per_seed = [float(runs.filter(runs["seed"] == s)["score"].mean()) for s in SPREAD_SEEDS]
+    return {"qa_sampled": per_seed, "qa_spread": statistics.stdev(per_seed)}
 
 
 def run() -> dict[str, Any]:
@@ -90,15 +96,16 @@ def run() -> dict[str, Any]:
     print(f"warm start ready in {warm_s:.0f} s; evaluating on {len(instances)} test instances", flush=True)
     methods: dict[str, Any] = {}
     evaluated = time.perf_counter()
-    methods["warm_start"] = compare(config, instances, "policy", RUN_DIR / SFT_DIR, spread=True)
+    methods["warm_start"] = compare(config, instances, "policy", RUN_DIR / SFT_DIR)
     policy_eval_s = time.perf_counter() - evaluated
-    for name in ("rule_writer", "rag_top2", "long_context"):
+    for name in ("rule_writer", "rag", "long_context"):
         methods[name] = compare(config, instances, name)
     print(f"warm start and baselines evaluated in {time.perf_counter() - evaluated:.0f} s", flush=True)
 
     curve: list[dict] = []
     grpo_started = time.perf_counter()
-    reserve = policy_eval_s + 120  # the final evaluation, and a margin
+    # the final evaluations: the trained policy greedy, then 3 sampled runs of each policy; and a margin
+    reserve = 7 * policy_eval_s + 120
     while trainer.step < STEPS:
         elapsed = time.perf_counter() - started
         per_step = (time.perf_counter() - grpo_started) / trainer.step if trainer.step else 0.0
@@ -112,8 +119,10 @@ def run() -> dict[str, Any]:
               f"{result.metrics['rewards/coverage/mean']:.3f} ({rate:.0f} s/step, ETA "
               f"{rate * (STEPS - result.step) / 60:.1f} min)", flush=True)
     checkpoint = trainer.save_checkpoint()
-    methods["trained"] = compare(config, instances, "policy", checkpoint / "adapter", spread=True)
-    trained, warm, rag = methods["trained"], methods["warm_start"], methods["rag_top2"]
+    methods["trained"] = compare(config, instances, "policy", checkpoint / "adapter")
+    methods["trained"].update(spread(config, instances, checkpoint / "adapter"))
+    methods["warm_start"].update(spread(config, instances, RUN_DIR / SFT_DIR))
+    trained, warm, rag = methods["trained"], methods["warm_start"], methods["rag"]
     results = {
         "methods": methods,
         "sft_epochs": sft.get("epochs", []), "sft_best_epoch": sft.get("best_epoch"), "sft_steps": sft.get("steps"),

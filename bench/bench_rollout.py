@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -29,6 +30,8 @@ from typing import Any
 
 import torch
 
+BEFORE = Path(__file__).resolve().parent / "results" / "rollout_before.json"
+"""The same measurements taken with the code before prefix sharing (see its `code` field)."""
 BATCHES = (8, 32)
 NEW_TOKENS = 48
 STEPS = 2
@@ -161,6 +164,8 @@ def run() -> dict[str, Any]:
     results["floor_seconds"] = default["floor_shared_s"]
     results["generate_tokens_per_s"] = {str(n): results["generation"][f"groups_{n}_shared"]["tokens_per_s"]
                                         for n in BATCHES}
+    if BEFORE.is_file():
+        results["before"] = json.loads(BEFORE.read_text())
     return results
 
 
@@ -193,4 +198,14 @@ def to_markdown(results: dict[str, Any]) -> str:
               f"{step['max_completion_length']} new tokens. Step = generate + reward + shared-prompt update. The floor "
               "counts linear-layer FLOPs only (prefill of distinct prompts, decoding, update forward + 2x backward) at "
               "the measured matmul rate."]
+    if "before" in results:
+        b = results["before"]
+        lines += ["", "## Before and after (default config, trajectory sampling; generation at B*G rows)", "",
+                  "| | step s | generate s | update s | tokens/s at B*G = 8 | tokens/s at B*G = 32 |", "|---|---|---|---|---|---|",
+                  f"| before | {b['step_seconds']} | {b['generate_s']} | {b['update_s']} | {b['generate_tokens_per_s']['8']} | "
+                  f"{b['generate_tokens_per_s']['32']} |",
+                  f"| after | {results['step_seconds']} | {results['grpo_step']['trajectory']['mean']['generate_s']} | "
+                  f"{results['grpo_step']['trajectory']['mean']['update_shared_s']} | {results['generate_tokens_per_s']['8']} | "
+                  f"{results['generate_tokens_per_s']['32']} |",
+                  "", f"Before: {b['code']}; {b['generation_note']}."]
     return "\n".join(lines) + "\n"

@@ -49,5 +49,5 @@ def grpo(config: RunConfig = default_config(), parent_run_id: str | None = None,
     except BaseException:
         close_run(run_id, "FAILED")
         raise
-    close_run(run_id)
+    close_run(run_id, config=config)
     return {"run_id": run_id, "run_dir": str(run_dir), "checkpoint": block and block["checkpoint"], "model": model}

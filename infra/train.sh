@@ -16,6 +16,11 @@ started=$SECONDS
 name="make-train-$(date -u +%Y%m%d-%H%M%S)"
 log="$REPO/infra/state/$name.log"
 echo "triggering grpo/train as flow run '$name' (output in $log) ..."
+# The flow's progress lines (warm start and GRPO steps with rate and ETA) reach the runner's log; show them here.
+touch "$REPO/infra/state/runner.log"
+tail -n0 -F --pid=$$ "$REPO/infra/state/runner.log" 2>/dev/null | grep --line-buffered -E "warm start (step|epoch)|grpo step" &
+follow=$!
+trap 'kill $follow 2>/dev/null || true' EXIT
 set +e
 "$REPO/.venv/bin/prefect" deployment run grpo/train --flow-run-name "$name" \
     --watch --watch-interval 15 --watch-timeout "${MEMALPHA_TRAIN_TIMEOUT:-3600}" 2>&1 | tee "$log"
@@ -28,7 +33,7 @@ if [[ -z "$flow_run_id" ]]; then
     echo "could not start the flow run; see $log" >&2
     exit 1
 fi
-"$PY" -m tasks.tracking summary --flow-run-id "$flow_run_id" || true
+"$PY" -m tasks.summary summary --flow-run-id "$flow_run_id" || true
 if [[ $status -ne 0 ]]; then
     echo "flow run $flow_run_id did not complete; runner log: $REPO/infra/state/runner.log" >&2
     exit "$status"

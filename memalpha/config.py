@@ -217,8 +217,8 @@ class EvalConfig(_Section):
     split: Literal["train", "validation", "test", "all"] = "test"
     """Split evaluated; `all` = every instance of the dataset, whatever its split."""
     methods: list[
-        Literal["policy", "base", "sft", "rule_writer", "long_context", "rag_top2", "no_memory"]
-    ] = ["policy", "base", "rule_writer", "rag_top2", "long_context", "no_memory"]
+        Literal["policy", "base", "sft", "rule_writer", "long_context", "rag", "no_memory"]
+    ] = ["policy", "base", "rule_writer", "rag", "long_context", "no_memory"]
     """Methods compared (see docs/EVALUATION.md); `policy` needs a model, `sft` needs `sft_adapter`."""
     max_instances: int = Field(8, ge=0)
     """Evaluate N instances of the split, taken round-robin over competencies (0 = all)."""

@@ -289,7 +289,7 @@ def run_sft(
             if logs and "loss" in logs:
                 losses.append(float(logs["loss"]))
             if logs and on_log is not None:
-                on_log({"step": state.global_step, **logs})
+                on_log({"step": state.global_step, "max_steps": state.max_steps, **logs})
 
         def on_epoch_end(self, args, state, control, **kwargs):
             if not probes:
@@ -298,7 +298,8 @@ def run_sft(
             epoch = len(epochs) + 1
             epochs.append({"epoch": epoch, "step": state.global_step, **metrics})
             if on_log is not None:
-                on_log({"step": state.global_step, "epoch": epoch, **{f"sft_eval/{k}": v for k, v in metrics.items()}})
+                on_log({"step": state.global_step, "max_steps": state.max_steps, "epoch": epoch,
+                        **{f"sft_eval/{k}": v for k, v in metrics.items()}})
             if metrics["evidence_recall"] > best["recall"] + sft_cfg.min_delta:
                 best.update(recall=metrics["evidence_recall"], epoch=epoch,
                             weights={k: v.detach().clone() for k, v in policy.model.named_parameters() if v.requires_grad})

@@ -38,25 +38,45 @@ _ARGUMENTS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
 
 @dataclass
 class ToolResult:
-    """Outcome of one call, with what was written so a judge can assess it.
-
-    `content` is the text stored (after truncation), `previous_content` what an update or delete
-    replaced. `call` is None for an unparseable output.
-    """
+    """Outcome of one call: the call (None for an unparseable output), the store's outcome (`OpResult`:
+    ok, reason, message, entry id, and what was written or replaced, so a judge can assess it) and the
+    memory section it addressed."""
 
     call: ToolCall | None
-    ok: bool
-    reason: FailureReason | None
-    message: str
-    entry_id: str | None = None
-    truncated: bool = False
+    outcome: OpResult
     memory_type: str | None = None
-    content: str | None = None
-    previous_content: str | None = None
 
     @property
     def name(self) -> str | None:
         return self.call.name if self.call else None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome.ok
+
+    @property
+    def reason(self) -> FailureReason | None:
+        return self.outcome.reason
+
+    @property
+    def message(self) -> str:
+        return self.outcome.message
+
+    @property
+    def entry_id(self) -> str | None:
+        return self.outcome.entry_id
+
+    @property
+    def truncated(self) -> bool:
+        return self.outcome.truncated
+
+    @property
+    def content(self) -> str | None:
+        return self.outcome.content
+
+    @property
+    def previous_content(self) -> str | None:
+        return self.outcome.previous_content
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for logging."""
@@ -130,11 +150,7 @@ TOOL_SCHEMAS = tool_schemas(MEMALPHA_SCHEMA)
 
 
 def _failure(call: ToolCall | None, reason: FailureReason, message: str, memory_type: str | None = None) -> ToolResult:
-    return ToolResult(call, False, reason, message, memory_type=memory_type)
-
-
-def _from_op(call: ToolCall, memory_type: str, op: OpResult) -> ToolResult:
-    return ToolResult(call, op.ok, op.reason, op.message, op.entry_id, op.truncated, memory_type, op.content, op.previous_content)
+    return ToolResult(call, OpResult(False, reason, message), memory_type)
 
 
 def execute_call(store: MemoryStore, call: ToolCall, chunk: int) -> ToolResult:
@@ -176,7 +192,7 @@ def execute_call(store: MemoryStore, call: ToolCall, chunk: int) -> ToolResult:
         op = store.update(memory_type, memory_id, args["new_content"], chunk)
     else:
         op = store.delete(memory_type, memory_id, chunk)
-    return _from_op(call, memory_type, op)
+    return ToolResult(call, op, memory_type)
 
 
 def execute_calls(store: MemoryStore, calls: list[ToolCall], chunk: int) -> list[ToolResult]:

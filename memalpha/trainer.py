@@ -35,6 +35,7 @@ from memalpha.episode import truncate_for_training
 from memalpha.errors import UserError
 from memalpha.generation import left_pad, right_pad
 from memalpha.grpo import completion_logps, compute_advantages, group_ids, group_std, grpo_loss, shared_prompt_logps
+from memalpha.progress import SFTProgress
 from memalpha.rollout import RolloutBatch, Sample, collect_rollouts, collect_step_rollouts
 from memalpha.tools import TOOL_NAMES
 
@@ -133,7 +134,7 @@ def warm_start(config: RunConfig, run_dir: Path, policy, instances: list[Instanc
     if tmp.exists():
         shutil.rmtree(tmp)
     probes = extraction_probes(list(held_out), config, policy.tokenizer, config.sft.eval_chunks)
-    result = run_sft(policy, demos, tmp, config.sft, seed=config.grpo.seed, on_log=on_log or _log_sft,
+    result = run_sft(policy, demos, tmp, config.sft, seed=config.grpo.seed, on_log=on_log or SFTProgress(log.info),
                      probes=probes, max_new_tokens=config.rollout.max_completion_length)
     tmp.rename(out)
     log.info("warm start: %d SFT steps in %.0f s (best epoch %d of %d)", result.steps, result.seconds,
@@ -141,14 +142,7 @@ def warm_start(config: RunConfig, run_dir: Path, policy, instances: list[Instanc
     return out
 
 
-def _log_sft(record: dict) -> None:
-    """Default progress of the warm start: a line per optimizer step and per held-out evaluation."""
-    wanted = ("loss", "epoch", "sft_eval/")
-    shown = {k: round(v, 4) for k, v in record.items() if isinstance(v, (int, float)) and k.startswith(wanted)}
-    log.info("warm start step %s: %s", record.get("step"), shown)
-
-
-def prepare_warm_start(config: RunConfig, run_dir: str | Path) -> Path | None:
+def prepare_warm_start(config: RunConfig, run_dir: str | Path, on_log: Callable[[dict], None] | None = None) -> Path | None:
     """The warm-start adapter of a run folder, trained now if missing (None when sft.enabled is false).
     For pipelines that run the warm start as its own step; Trainer does the same on construction."""
     from memalpha.models.policy import load_policy
@@ -157,7 +151,7 @@ def prepare_warm_start(config: RunConfig, run_dir: str | Path) -> Path | None:
         return None
     policy = load_policy(config.model, seed=config.grpo.seed)
     data = load_training_data(config, policy.tokenizer)
-    return warm_start(config, Path(run_dir), policy, data.splits["train"], data.splits["validation"])
+    return warm_start(config, Path(run_dir), policy, data.splits["train"], data.splits["validation"], on_log)
 
 
 def _needs_warm_start(run_dir: Path) -> bool:
@@ -168,7 +162,9 @@ def _needs_warm_start(run_dir: Path) -> bool:
 class Trainer:
     """GRPO over LoRA adapters with checkpoints and exact resume (see the module docstring)."""
 
-    def __init__(self, config: RunConfig, run_dir: str | Path, force: bool = False):
+    def __init__(self, config: RunConfig, run_dir: str | Path, force: bool = False,
+                 on_warm_start_log: Callable[[dict], None] | None = None):
+        """`on_warm_start_log` receives the warm start's records (default: progress lines to the log)."""
         from memalpha.models.judges import make_judge
         from memalpha.models.policy import load_policy
         from memalpha.models.readers import make_reader
@@ -184,7 +180,8 @@ class Trainer:
         self.dropped_instances = loaded.dropped
         self.warm_start_dir: Path | None = None
         if config.sft.enabled and _needs_warm_start(self.run_dir):
-            self.warm_start_dir = warm_start(config, self.run_dir, self.policy, self.data["train"], self.data["validation"])
+            self.warm_start_dir = warm_start(config, self.run_dir, self.policy, self.data["train"], self.data["validation"],
+                                             on_warm_start_log)
         self.reader = make_reader(config.model, self.policy)
         self.judge = make_judge(config.model, self.policy) if config.reward.judge == "llm" else None
         seed_everything(cfg.seed)  # identical state whether the warm start ran now or was loaded

@@ -1,4 +1,5 @@
-"""MLflow helpers shared by the tasks: where the store is, runs, idempotent step logging, plots.
+"""MLflow store and run lifecycle shared by the tasks: where the store is, experiments, runs, params,
+tags and idempotent step logging. Plots live in tasks/plots.py, the run summary in tasks/summary.py.
 
 The store is `MLFLOW_TRACKING_URI` when set (e.g. a remote server), else SQLite at
 `<repo>/mlruns/mlflow.db` with artifacts under `<repo>/mlruns/artifacts`, both by absolute path since
@@ -8,23 +9,16 @@ runs tasks on worker threads, so everything here takes an explicit run id and us
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # headless: plots are written to files, never shown
-
-import mlflow  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from mlflow.entities import Metric, Param, RunTag  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MLRUNS = REPO_ROOT / "mlruns"
@@ -177,93 +171,7 @@ def metric_series(run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in configure().get_metric_history(run_id, key))
 
 
-def _plot(series: dict[str, list[tuple[int, float]]], title: str, ylabel: str) -> Figure:
-    fig = Figure(figsize=(7, 4))
-    ax = fig.add_subplot()
-    for label, points in series.items():
-        if points:
-            steps, values = zip(*points)
-            ax.plot(steps, values, marker="o", markersize=3, label=label)
-    ax.set_title(title)
-    ax.set_xlabel("step")
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    if any(series.values()):
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-PLOT_GROUPS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    # file name: (title, y label, metric-key prefixes or exact keys)
-    "reward.png": ("Reward and its components", "reward", ("reward", "rewards/")),
-    "memory.png": ("Memory size", "tokens / entries", ("memory/",)),
-    "tool_calls.png": ("Tool-call outcomes", "per chunk / share", ("tool_calls/",)),
-    "validation.png": ("Validation", "score", ("eval/qa_score", "eval/reward", "eval/r", "eval/tool_success")),
-}
-
-
-def log_training_plots(run_id: str) -> list[str]:
-    """Plot the run's metric histories by group (reward, memory, tool calls, validation) as artifacts."""
-    client = configure()
-    keys = sorted(client.get_run(run_id).data.metrics)
-    logged = []
-    for filename, (title, ylabel, prefixes) in PLOT_GROUPS.items():
-        chosen = [k for k in keys if k.startswith(prefixes)]
-        if not chosen:
-            continue
-        series = {k: metric_series(run_id, k) for k in chosen}
-        client.log_figure(run_id, _plot(series, title, ylabel), f"plots/{filename}")
-        logged.append(f"plots/{filename}")
-    return logged
-
-
-REWARD_KEY = "reward"
-"""The trainer's mean total reward per step (TRL's name)."""
+DESCRIPTION_TAG = "mlflow.note.content"
+"""The tag the MLflow UI shows as a run's description."""
 VALIDATION_KEY = "eval/qa_score"
 """The validation score the best checkpoint and the champion are chosen by (the QA score, r1's metric)."""
-
-
-def summarize(run_id: str) -> str:
-    """Human summary of a training run: steps, reward at start and end, checkpoint, registered model."""
-    client = configure()
-    run = client.get_run(run_id)
-    tags = run.data.tags
-    steps = sorted(logged_steps(run_id))
-    lines = [f"MLflow run:  {run_url(run_id)}", f"status:      {run.info.status}",
-             f"steps:       {len(steps)} logged" + (f" ({steps[0]}..{steps[-1]})" if steps else "")]
-    if REWARD_KEY in run.data.metrics:
-        key, series = REWARD_KEY, metric_series(run_id, REWARD_KEY)
-        lines.append(f"{key}: start {series[0][1]:.4f} (step {series[0][0]}) -> end {series[-1][1]:.4f} (step {series[-1][0]})")
-    if VALIDATION_KEY in run.data.metrics:
-        step, value = metric_series(run_id, VALIDATION_KEY)[-1]
-        lines.append(f"validation:  {VALIDATION_KEY} {value:.4f} at step {step}")
-        warm = f"warm_start/{VALIDATION_KEY}"
-        if warm in run.data.metrics:
-            lines.append(f"held-out QA: warm start {run.data.metrics[warm]:.4f} -> final policy {value:.4f} "
-                         f"(greedy, validation split, retrieval as in evaluation)")
-    for label, tag in (("run folder:", "memalpha.run_dir"), ("checkpoint:", "memalpha.last_checkpoint"),
-                       ("best:", "memalpha.best_checkpoint"), ("model:", "memalpha.registered_model")):
-        if tag in tags:
-            lines.append(f"{label:<12} {tags[tag]}")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m tasks.tracking summary --flow-run-id ID [--experiment NAME]` (used by infra/train.sh)."""
-    parser = argparse.ArgumentParser(prog="python -m tasks.tracking")
-    sub = parser.add_subparsers(dest="command", required=True)
-    summary = sub.add_parser("summary", help="summarize the training run of a Prefect flow run")
-    summary.add_argument("--flow-run-id", required=True)
-    summary.add_argument("--experiment", help="MLflow experiment (default: search all)")
-    args = parser.parse_args(argv)
-    run_id = find_run(args.experiment, "prefect.flow_run_id", args.flow_run_id)
-    if run_id is None:
-        print(f"no MLflow run is tagged with flow run {args.flow_run_id}", file=sys.stderr)
-        return 1
-    print(summarize(run_id))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,7 +23,7 @@ from prefect.cache_policies import NO_CACHE
 
 from memalpha.checkpoint import ADAPTER, checkpoint_dir, step_name
 from memalpha.config import GRPOConfig, RunConfig
-from tasks import tracking
+from tasks import plots, tracking
 
 FAIL_AT_STEP_ENV = "MEMALPHA_FAIL_AT_STEP"
 """Failure injection for tests: raise once, after this training step and before its checkpoint."""
@@ -76,17 +76,36 @@ def open_run(config: RunConfig, run_dir: str, tags: dict[str, str], parent_run_i
         tracking.configure().update_run(run_id, status="RUNNING")
         tracking.set_tags(run_id, tags)
         return run_id
-    all_tags = {**tags, "memalpha.run_dir": str(path), "memalpha.training_hash": config.training_hash()}
+    all_tags = {**tags, "memalpha.run_dir": str(path), "memalpha.training_hash": config.training_hash(),
+                tracking.DESCRIPTION_TAG: run_description(config)}
     run_id = tracking.create_run(config.tracking.experiment, config.name, config.flat(), all_tags, parent_run_id)
     id_file.write_text(run_id + "\n")
     tracking.configure().log_text(run_id, config.model_dump_json(indent=2), "config/run_config.json")
     return run_id
 
 
+def run_description(config: RunConfig, metrics: dict[str, float] | None = None) -> str:
+    """The MLflow run's description: the config, the data and, once finished, the result."""
+    text = (f"Config `{config.name}` (training hash {config.training_hash()}): {config.grpo.steps} GRPO steps, "
+            f"{config.grpo.sampling}-level sampling, B={config.rollout.instances_per_step} G={config.rollout.num_generations}, "
+            f"warm start {'on' if config.sft.enabled else 'off'}, policy `{config.model.policy}`. "
+            f"Data: `{config.data.train_path}` ({', '.join(config.data.competencies)}).")
+    if metrics is None:
+        return text + " Result: running."
+    qa, warm = metrics.get(tracking.VALIDATION_KEY), metrics.get(f"warm_start/{tracking.VALIDATION_KEY}")
+    result = [f"held-out QA {qa:.3f}" + (f" (warm start {warm:.3f})" if warm is not None else "")] if qa is not None else []
+    if "reward" in metrics:
+        result.append(f"last training reward {metrics['reward']:.3f}")
+    return text + " Result: " + ("; ".join(result) or "no step finished") + "."
+
+
 @task(name="close-mlflow-run", cache_policy=NO_CACHE)
-def close_run(run_id: str, status: str = "FINISHED") -> None:
-    """Mark the MLflow run finished (or failed)."""
-    tracking.configure().set_terminated(run_id, status=status)
+def close_run(run_id: str, status: str = "FINISHED", config: RunConfig | None = None) -> None:
+    """Mark the MLflow run finished (or failed); with `config`, its description gets the result."""
+    client = tracking.configure()
+    if config is not None:
+        tracking.set_tags(run_id, {tracking.DESCRIPTION_TAG: run_description(config, client.get_run(run_id).data.metrics)})
+    client.set_terminated(run_id, status=status)
 
 
 def _stage_step(run_dir: Path, result, seconds: float) -> None:
@@ -210,10 +229,11 @@ def warm_start(config: RunConfig, run_dir: str, run_id: str) -> str | None:
 
     The adapter lands in <run_dir>/sft, where the first GRPO block's Trainer loads it.
     """
+    from memalpha.progress import SFTProgress
     from memalpha.trainer import prepare_warm_start
 
     started = time.perf_counter()
-    adapter = prepare_warm_start(config, run_dir)
+    adapter = prepare_warm_start(config, run_dir, on_log=SFTProgress(get_run_logger().info))
     if adapter is None:  # disabled, or a re-run past the first checkpoint (it holds newer weights)
         return None
     client = tracking.configure()
@@ -231,22 +251,23 @@ def warm_start(config: RunConfig, run_dir: str, run_id: str) -> str | None:
 @task(name="train-block", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
 def train_block(config: RunConfig, run_dir: str, run_id: str, first: int, last: int) -> dict[str, Any]:
     """GRPO steps first..last: resume from the latest checkpoint, train, evaluate, checkpoint, publish."""
+    from memalpha.progress import GRPOProgress, SFTProgress
     from memalpha.trainer import Trainer
 
     logger = get_run_logger()
     path = Path(run_dir)
-    trainer = Trainer(config, path)
+    trainer = Trainer(config, path, on_warm_start_log=SFTProgress(logger.info))
     trainer.maybe_resume()
     resumed = trainer.step
     logger.info("block %d-%d: resumed from checkpoint at step %d", first, last, resumed)
     if resumed < first - 1:
         raise RuntimeError(f"block {first}-{last} needs the checkpoint of step {first - 1}; latest is step {resumed}")
+    progress = GRPOProgress(config.grpo.steps, trainer.step, logger.info)
     while trainer.step < last:
         started = time.perf_counter()
         result = trainer.train_step()  # evaluates held-out instances itself on evaluation steps
         _stage_step(path, result, time.perf_counter() - started)
-        logger.info("step %d: %s", result.step, {k: round(v, 4) for k, v in tracking.finite_metrics(result.metrics).items()
-                                                  if k.startswith("reward")})
+        progress(result)
         _maybe_fail(path, result.step)
     if resumed < last:
         checkpoint = trainer.save_checkpoint()
@@ -305,7 +326,7 @@ def register_model(config: RunConfig, run_dir: str, run_id: str, checkpoint: str
             pip_requirements=[f"{pkg}=={importlib.metadata.version(pkg)}" for pkg in MODEL_REQUIREMENTS],
         )
     outcome: dict[str, Any] = {"model_uri": info.model_uri, "base_model_path": base}
-    outcome["plots"] = tracking.log_training_plots(run_id)
+    outcome["plots"] = plots.log_training_plots(run_id)
     if name is None:
         return outcome
     version = str(info.registered_model_version)

@@ -56,7 +56,7 @@ def config():
 
 @pytest.fixture(scope="module")
 def result(config):
-    return evaluate(config, methods=["no_memory", "long_context", "rag_top2", "rule_writer"], instances=_instances(), progress=None)
+    return evaluate(config, methods=["no_memory", "long_context", "rag", "rule_writer"], instances=_instances(), progress=None)
 
 
 def _scores(result, method):
@@ -79,8 +79,8 @@ def test_long_context_sees_only_the_tail(result, config):
 
 def test_rag_retrieves_chunks_but_cannot_resolve_conflicts(result):
     # both gate-code chunks are retrieved: the stale value in the context makes the answer ambiguous
-    assert _scores(result, "rag_top2") == {"fixture-ar/q0": 1.0, "fixture-ar/q1": 1.0, "fixture-cr/q0": 0.0}
-    rows = result.instances.filter(pl.col("method") == "rag_top2")
+    assert _scores(result, "rag") == {"fixture-ar/q0": 1.0, "fixture-ar/q1": 1.0, "fixture-cr/q0": 0.0}
+    rows = result.instances.filter(pl.col("method") == "rag")
     # RAG keeps every raw chunk: no compression
     assert rows["memory_tokens"].to_list() == rows["input_tokens"].to_list()
     assert rows["compression"].to_list() == [0.0, 0.0]
@@ -97,11 +97,11 @@ def test_metrics_and_info(result):
     metrics = result.metrics()
     assert metrics["rule_writer/score"] == 1.0
     # plain mean over the two sources: (1.0 + 0.0) / 2
-    assert metrics["rag_top2/score"] == pytest.approx(0.5)
+    assert metrics["rag/score"] == pytest.approx(0.5)
     assert metrics["rule_writer/tool_success"] == 1.0
-    assert "rag_top2/tool_success" not in metrics
+    assert "rag/tool_success" not in metrics
     assert metrics["long_context/conflict_resolution/score"] == 1.0
-    assert result.info["methods"] == ["no_memory", "long_context", "rag_top2", "rule_writer"]
+    assert result.info["methods"] == ["no_memory", "long_context", "rag", "rule_writer"]
     assert all(metrics[f"{m}/seconds"] >= 0 for m in result.info["methods"])
 
 
@@ -130,22 +130,22 @@ def test_cli_writes_report_and_fails_on_a_planted_regression(tmp_path, capsys):
     from memalpha.cli import main
 
     data = write_dataset(tmp_path / "data", _instances())
-    common = ["--data", str(data), "--methods", "no_memory", "rag_top2", "--set", "model.policy=tiny",
-              "--set", "memory.reader_view_tokens=200", "--set", "eval.regression_keys=[rag_top2/score]"]
+    common = ["--data", str(data), "--methods", "no_memory", "rag", "--set", "model.policy=tiny",
+              "--set", "memory.reader_view_tokens=200", "--set", "eval.regression_keys=[rag/score]"]
     first = tmp_path / "first"
     assert main(["eval", *common, "--out", str(first)]) == 0
     metrics = json.loads((first / "metrics.json").read_text())
-    assert metrics["rag_top2/score"] == pytest.approx(0.5)
+    assert metrics["rag/score"] == pytest.approx(0.5)
     for name in ("results.md", "summary.csv", "by_competency.csv", "by_source.csv", "questions.csv",
                  "score_vs_memory.png", "score_vs_length.png", "memories.jsonl"):
         assert (first / name).is_file(), name
-    assert "| rag_top2 | 0.500 |" in capsys.readouterr().out
+    assert "| rag | 0.500 |" in capsys.readouterr().out
     # the same run again is within the threshold; a previous run scoring 0.2 higher is a regression
     assert main(["eval", *common, "--out", str(tmp_path / "same"), "--compare", str(first)]) == 0
-    (first / "metrics.json").write_text(json.dumps({**metrics, "rag_top2/score": 0.7}))
+    (first / "metrics.json").write_text(json.dumps({**metrics, "rag/score": 0.7}))
     assert main(["eval", *common, "--out", str(tmp_path / "worse"), "--compare", str(first)]) == 1
     assert "REGRESSION" in capsys.readouterr().err
-    assert "rag_top2/score fell from 0.7000 to 0.5000" in (tmp_path / "worse" / "results.md").read_text()
+    assert "rag/score fell from 0.7000 to 0.5000" in (tmp_path / "worse" / "results.md").read_text()
 
 
 def test_cli_rejects_remote_model_uri(capsys):
@@ -176,7 +176,7 @@ def test_every_context_respects_the_same_budget(config):
     tight = config.model_copy(update={"memory": config.memory.model_copy(update={"reader_view_tokens": 64})})
     count = _counter(policy_tokenizer(tight)[0])
     env = EvalEnv(tight, count)
-    for name in ("no_memory", "long_context", "rag_top2", "rule_writer"):
+    for name in ("no_memory", "long_context", "rag", "rule_writer"):
         for built in make_method(name, env).build(_instances(), seed=0):
             assert all(count(context) <= 64 for context in built.contexts), name
 

@@ -189,6 +189,12 @@ def test_train_deployment_resumes_after_injected_failure(stack, trained):
             break
     assert sum(f"injected failure after training step {FAIL_AT}" in m for m in messages) >= 1, messages
     assert sum("block 3-4: resumed from checkpoint at step 2" in m for m in messages) == 2, messages
+    # progress lines, one per step with rate and ETA, in the flow run's logs (the warm start's too)
+    for step in range(1, STEPS + 1):
+        assert any(re.match(rf"grpo step {step}/{STEPS} \| reward -?[0-9.]+ \(r1 .*\| [0-9.]+ s/step \| ETA ", m)
+                   for m in messages), (step, messages)
+    assert any(re.match(r"warm start step \d+/\d+ \| loss [0-9.]+ \| ", m) for m in messages), messages
+    assert any(m.startswith("warm start epoch 1 held-out extraction: valid_calls") for m in messages), messages
     task_runs = prefect_json(stack, "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
     blocks = {run["name"]: run for run in task_runs if run["name"].startswith("train-block")}
     assert sorted(run["run_count"] for run in blocks.values()) == [1, 2]
@@ -200,6 +206,8 @@ def test_train_deployment_resumes_after_injected_failure(stack, trained):
     (run,) = client.search_runs([experiment.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
     assert run.info.status == "FINISHED"
     assert run.data.tags["prefect.deployment"] == "train"
+    description = run.data.tags["mlflow.note.content"]
+    assert description.startswith("Config `") and "Data: `" in description and "Result: held-out QA" in description
     assert run.data.params["grpo.steps"] == str(STEPS) and "reward.beta" in run.data.params
     assert [m.step for m in client.get_metric_history(run.info.run_id, "sft/seconds")] == [0]  # the warm start ran
     per_step = [k for k in run.data.metrics if not k.startswith(("eval/", "sft/", "sft_eval/", "warm_start/"))]

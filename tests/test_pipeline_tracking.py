@@ -12,6 +12,8 @@ import pytest
 
 from memalpha.config import RunConfig
 from tasks import tracking
+from tasks.plots import log_training_plots
+from tasks.summary import summarize
 from tasks.train import _bounded_samples, _maybe_fail, _stage_step, block_bounds, publish_block, InjectedFailure
 
 
@@ -134,9 +136,9 @@ def test_plots_and_summary(store):
         tracking.log_step_metrics(run_id, step, {"reward": 0.1 * step, "rewards/r2/mean": 1.0, "memory/tokens": 5.0 * step,
                                                  "tool_calls/success_rate": 0.1, tracking.STEP_SENTINEL: 1.0, **held_out},
                                   tracking.now_ms())
-    assert tracking.log_training_plots(run_id) == ["plots/reward.png", "plots/memory.png", "plots/tool_calls.png",
+    assert log_training_plots(run_id) == ["plots/reward.png", "plots/memory.png", "plots/tool_calls.png",
                                                    "plots/validation.png"]
-    summary = tracking.summarize(run_id)
+    summary = summarize(run_id)
     assert "3 logged (1..3)" in summary
     assert "reward: start 0.1000 (step 1) -> end 0.3000 (step 3)" in summary
     assert "held-out QA: warm start 0.1250 -> final policy 0.2500" in summary

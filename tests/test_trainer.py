@@ -1,6 +1,7 @@
 """The GRPO trainer with the tiny model: a step's outputs, checkpoints, exact resume, config-hash refusal."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -144,9 +145,15 @@ def test_train_cli_writes_checkpoints_metrics_and_refuses_a_changed_config(tmp_p
     from memalpha.cli import main
 
     data = make_dataset(tmp_path / "data")
-    args = ["train", "--config", str(CONFIG), "--set", f"data.train_path={data}", "--set", "sft.enabled=false",
+    args = ["train", "--config", str(CONFIG), "--set", f"data.train_path={data}", "--set", "sft.eval_chunks=2",
             "--set", f"output_dir={tmp_path / 'run'}", "--set", "grpo.steps=2", "--set", "grpo.eval_every=2"]
     assert main(args) == 0
+    printed = capsys.readouterr().out
+    # a progress line per warm-start step, per held-out extraction check and per GRPO step, with rate and ETA
+    assert re.search(r"^warm start step 1/1 \| loss [0-9.]+ \| [0-9.]+ s/step \| ETA 0s$", printed, re.M), printed
+    assert re.search(r"^warm start epoch 1 held-out extraction: valid_calls [0-9.]+, evidence_recall", printed, re.M)
+    assert re.search(r"^grpo step 1/2 \| reward -?[0-9.]+ \(r1 [0-9.]+ r2 .*\) \| [0-9.]+ s/step \| ETA \d", printed, re.M)
+    assert re.search(r"^grpo step 2/2 \| .* \| held-out QA [0-9.]+ \(warm start [0-9.]+\) \| .* ETA 0s$", printed, re.M)
     lines = [json.loads(x) for x in (tmp_path / "run" / METRICS_FILE).read_text().splitlines()]
     # one line per step; the held-out evaluation rides in the lines of evaluation steps (kept on resume)
     assert [x["step"] for x in lines] == [1, 2] and "eval/qa_score" in lines[-1] and "eval/qa_score" not in lines[0]

@@ -25,6 +25,7 @@ def _run(args) -> int:
     from memalpha.data.io import read_dataset
     from memalpha.models.loading import ModelNotPreparedError
     from memalpha.models.policy import AdapterError, load_policy
+    from memalpha.progress import SFTProgress
     from memalpha.sft import DemoStats, build_demonstrations, run_sft
 
     config = load_config(args.config, args.set)
@@ -50,11 +51,8 @@ def _run(args) -> int:
     if not demos:
         raise UserError("no demonstration fits sft.max_length; raise it or use shorter chunks")
 
-    def progress(logs: dict) -> None:
-        if "loss" in logs:
-            print(f"step {logs['step']}: loss {float(logs['loss']):.4f}", flush=True)
-
-    result = run_sft(policy, demos, args.out, config.sft, seed=config.grpo.seed, on_log=progress)
+    result = run_sft(policy, demos, args.out, config.sft, seed=config.grpo.seed,
+                     on_log=SFTProgress(lambda line: print(line, flush=True)))
     print(json.dumps({k: v for k, v in result.to_dict().items() if k != "losses"}), file=sys.stdout)
     print(f"adapter saved to {result.adapter_dir}")
     return 0

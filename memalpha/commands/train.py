@@ -38,9 +38,12 @@ def _resolve(resume: str | None, output_dir: str) -> tuple[Path, Path | None]:
     return path, None
 
 
-def _train(args) -> int:
-    from tqdm.auto import tqdm
+def _say(line: str) -> None:
+    print(line, flush=True)
 
+
+def _train(args) -> int:
+    from memalpha.progress import GRPOProgress, SFTProgress
     from memalpha.trainer import METRICS_FILE, Trainer
 
     config = load_config(args.config, args.set)
@@ -49,25 +52,12 @@ def _train(args) -> int:
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     print(f"run folder: {run_dir} (training hash {config.training_hash()})")
     started = time.perf_counter()
-    trainer = Trainer(config, run_dir, force=args.force)
+    trainer = Trainer(config, run_dir, force=args.force, on_warm_start_log=SFTProgress(_say))
     print(f"policy {config.model.policy} on {trainer.policy.device} ({trainer.policy.dtype}); "
           f"ready in {time.perf_counter() - started:.0f} s")
     if trainer.maybe_resume(checkpoint):
         print(f"resumed at step {trainer.step}")
-    cfg = config.grpo
-    bar = tqdm(total=cfg.steps, initial=trainer.step, desc="grpo", unit="step", dynamic_ncols=True)
-
-    def on_step(result) -> None:
-        m = result.metrics
-        bar.update(1)
-        bar.set_postfix(reward=f"{m['reward']:.3f}", r1=f"{m['rewards/r1/mean']:.2f}",
-                        calls_ok=f"{m['tool_calls/success_rate']:.2f}", step_s=f"{m['timing/step_s']:.0f}")
-        held_out = {k: v for k, v in m.items() if k.startswith("eval/")}
-        if held_out:
-            bar.write(f"step {result.step}: " + ", ".join(f"{k}={v:.3f}" for k, v in held_out.items()))
-
-    last = trainer.train(on_step)
-    bar.close()
+    last = trainer.train(GRPOProgress(config.grpo.steps, trainer.step, _say))
     print(f"done: {trainer.step} steps in {time.perf_counter() - started:.0f} s; "
           f"last checkpoint {last or 'unchanged'}; metrics in {run_dir / METRICS_FILE}")
     return 0

@@ -4,7 +4,7 @@ then has the same reader answer all of them and scores with memalpha.metrics.sco
 Every context obeys the same budget, `memory.reader_view_tokens` tokens of the shared token counter:
 - memory methods (`policy`, `base`, `sft`, `rule_writer`): the reader view of the finished memory (core
   plus retrieved entries, `retrieval.method`, top `retrieval.top_k` per list);
-- `rag_top2`: the `eval.rag_top_k` raw chunks the retriever ranks highest for the question;
+- `rag`: the `eval.rag_top_k` raw chunks the retriever ranks highest for the question;
 - `long_context`: the last `eval.long_context_tokens` tokens of the raw conversation (default: the
   budget itself);
 - `no_memory`: nothing (closed book).
@@ -41,7 +41,7 @@ from memalpha.tokens import TokenCounter
 if TYPE_CHECKING:
     from memalpha.retrieval import TextEncoder
 
-ALL_METHODS = ("policy", "base", "sft", "rule_writer", "long_context", "rag_top2", "no_memory")
+ALL_METHODS = ("policy", "base", "sft", "rule_writer", "long_context", "rag", "no_memory")
 
 _WORD_START = re.compile(r"\S+")
 
@@ -174,7 +174,7 @@ class RagTopK(Method):
     """BM25 (retrieval.method) over the raw chunks: the top `eval.rag_top_k` chunks for each question,
     most relevant first into the budget, shown in conversation order."""
 
-    name = "rag_top2"
+    name = "rag"
 
     def build(self, instances: list[Instance], seed: int) -> list[Built]:
         cfg = self.env.config
@@ -299,7 +299,7 @@ class PolicyMethod(Method):
 _BASELINE_CLASSES: dict[str, type[Method]] = {
     "no_memory": NoMemory,
     "long_context": LongContext,
-    "rag_top2": RagTopK,
+    "rag": RagTopK,
     "rule_writer": RuleWriterMethod,
 }
 
