@@ -149,7 +149,8 @@ def to_markdown(results: dict[str, Any]) -> str:
         "# Reward benchmark: the training reward on scripted writers and the warm start",
         "",
         f"{s['instances']} training instances of {s['config']} ({s['chunks']} chunks, {s['questions']} questions; "
-        f"{s['dropped_instances']} training instances dropped by truncation), evidence reader, "
+        f"{s['dropped_instances']} training instances dropped by truncation), evidence reader (an upper bound: it "
+        "answers whenever a gold answer occurs in the context), "
         f"reader view `{s['reader_view']}`, coverage weight {s['coverage_weight']}, content gate {s['content_gate']}. "
         f"Warm start: {s['warm_start_rollouts_per_instance']} rollouts per instance at temperature {s['temperature']}. "
         "Each cell: mean over all (rollout, chunk) samples, then the mean within-group std (group: all samples of one "

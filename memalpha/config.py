@@ -210,6 +210,13 @@ class SFTConfig(_Section):
     """Stop after this many epochs without `min_delta` more held-out evidence recall; the best epoch's adapter is kept."""
     min_delta: float = Field(0.01, ge=0)
 
+    @model_validator(mode="after")
+    def _accumulates(self) -> SFTConfig:
+        if self.batch_size % min(self.micro_batch_size, self.batch_size):
+            raise ValueError(f"sft.batch_size={self.batch_size} must be a multiple of "
+                             f"sft.micro_batch_size={self.micro_batch_size} (gradient accumulation)")
+        return self
+
 
 class EvalConfig(_Section):
     data_path: str = "data/synth"

@@ -184,9 +184,7 @@ def sft_arguments(sft_cfg: SFTConfig, policy, out_dir: Path, max_steps: int | No
     from trl import SFTConfig as TRLSFTConfig
 
     on_cpu = policy.device.type == "cpu"
-    micro = min(sft_cfg.micro_batch_size, sft_cfg.batch_size)
-    if sft_cfg.batch_size % micro:
-        raise ValueError(f"sft.batch_size={sft_cfg.batch_size} must be a multiple of sft.micro_batch_size={micro}")
+    micro = min(sft_cfg.micro_batch_size, sft_cfg.batch_size)  # SFTConfig checked that micro divides the batch
     return TRLSFTConfig(
         output_dir=str(out_dir / "trainer"),
         per_device_train_batch_size=micro,

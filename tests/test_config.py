@@ -75,3 +75,5 @@ def test_cli_reports_bad_override_without_traceback(capsys):
 def test_a_combination_the_code_cannot_run_is_refused_at_load_naming_both_fields():
     with pytest.raises(ConfigError, match=r"reward\.qa_metric=llm_judge.*model\.judge"):
         load_config(None, ["reward.qa_metric=llm_judge"])
+    with pytest.raises(ConfigError, match=r"sft\.batch_size=8 must be a multiple of sft\.micro_batch_size=3"):
+        load_config(None, ["sft.batch_size=8", "sft.micro_batch_size=3"])
