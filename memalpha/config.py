@@ -218,14 +218,17 @@ class SFTConfig(_Section):
         return self
 
 
+EVAL_METHODS = ("policy", "base", "sft", "rule_writer", "long_context", "rag", "no_memory")
+"""Evaluation methods (memalpha.evaluation.methods implements each; docs/EVALUATION.md describes them)."""
+EvalMethod = Literal[EVAL_METHODS]
+
+
 class EvalConfig(_Section):
     data_path: str = "data/synth"
     """Prepared dataset folder evaluated by `memalpha eval` and the nightly flow."""
     split: Literal["train", "validation", "test", "all"] = "test"
     """Split evaluated; `all` = every instance of the dataset, whatever its split."""
-    methods: list[
-        Literal["policy", "base", "sft", "rule_writer", "long_context", "rag", "no_memory"]
-    ] = ["policy", "base", "rule_writer", "rag", "long_context", "no_memory"]
+    methods: list[EvalMethod] = ["policy", "base", "rule_writer", "rag", "long_context", "no_memory"]
     """Methods compared (see docs/EVALUATION.md); `policy` needs a model, `sft` needs `sft_adapter`."""
     max_instances: int = Field(8, ge=0)
     """Evaluate N instances of the split, taken round-robin over competencies (0 = all)."""

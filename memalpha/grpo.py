@@ -139,15 +139,8 @@ def completion_logps(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
         logits_to_keep=completion_len + 1, use_cache=False,
     )
-    logits = out.logits[:, :-1, :].float() / temperature  # position p predicts token p + 1
-    log_probs = logits.log_softmax(-1)
-    targets = input_ids[:, -completion_len:]
-    logps = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return logps, entropy
+    # position p predicts token p + 1
+    return _token_logps(out.logits[:, :-1, :], input_ids[:, -completion_len:], temperature, with_entropy)
 
 
 def shared_prompt_logps(
@@ -171,9 +164,14 @@ def shared_prompt_logps(
     out = model(input_ids=completion_ids, attention_mask=attention_mask, position_ids=positions,
                 past_key_values=cache, use_cache=True)
     first = prompt.logits[:, -1:, :].expand(k, 1, -1)
-    logits = torch.cat([first, out.logits[:, :-1, :]], 1).float() / temperature
-    log_probs = logits.log_softmax(-1)
-    logps = log_probs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+    return _token_logps(torch.cat([first, out.logits[:, :-1, :]], 1), completion_ids, temperature, with_entropy)
+
+
+def _token_logps(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(logits / temperature) at the target tokens, in float32, and the entropies if asked."""
+    log_probs = (logits.float() / temperature).log_softmax(-1)
+    logps = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = None
     if with_entropy:
         with torch.no_grad():

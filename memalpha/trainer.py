@@ -376,17 +376,12 @@ class Trainer:
         n = max(len(samples), 1)
         num_groups = int(groups.max()) + 1 if len(samples) else 0
         stds = group_std(rewards.double(), groups, num_groups)[groups] if len(samples) else torch.zeros(0)
-        calls = sum(s.reward.calls for s in samples)
-        tools = Counter(r.name or "unparseable" for s in samples for r in s.results)
-        lengths = [len(s.completion_ids) for s in samples]
         tokens = max(update["tokens"], 1.0)
         first_tokens = max(update["first_tokens"], 1.0)
-        metrics = {
-            "reward": float(rewards.mean()) if len(samples) else 0.0,
-            "qa_score": sum(batch.qa_scores) / max(len(batch.qa_scores), 1),
+        return {
+            **rollout_metrics(batch),
             "reward_std": float(stds.mean()) if len(samples) else 0.0,
             "frac_reward_zero_std": float(zero_std.float().mean()) if len(samples) else 0.0,
-            **{f"rewards/{c}/mean": sum(getattr(s.reward, c) for s in samples) / n for c in REWARD_COMPONENTS},
             "loss": update["loss"],
             "kl": update["kl"] / tokens,
             "clip_ratio": (update["low"] + update["high"]) / tokens,
@@ -396,21 +391,10 @@ class Trainer:
             "grad_norm": update["grad_norm"],
             "sampling/logp_abs_diff": update["logp_diff"] / first_tokens,
             "update/skipped_samples": update["skipped"],
-            "completions/mean_length": sum(lengths) / n,
-            "completions/min_length": float(min(lengths, default=0)),
-            "completions/max_length": float(max(lengths, default=0)),
-            "completions/clipped_ratio": sum(s.truncated for s in samples) / n,
             "prompts/mean_tokens": sum(len(s.prompt_ids) for s in samples) / n,
             "prompts/truncated_ratio": sum(s.prompt_truncated for s in samples) / n,
-            "tool_calls/per_chunk": calls / n,
-            "tool_calls/success_rate": sum(s.reward.executed for s in samples) / calls if calls else 0.0,
-            "tool_calls/nothing_to_store": sum(s.parse.nothing_to_store for s in samples) / n,
-            **{f"tool_calls/{name}": tools.get(name, 0) / n for name in (*TOOL_NAMES, "unparseable")},
-            "memory/tokens": sum(m.token_count() for m in batch.memories) / max(len(batch.memories), 1),
-            "memory/entries": sum(m.entry_count() for m in batch.memories) / max(len(batch.memories), 1),
             "generate_calls": float(batch.generate_calls),
         }
-        return metrics
 
     # ---- evaluation ------------------------------------------------------------------------------
     @torch.no_grad()
@@ -464,16 +448,18 @@ class Trainer:
         log.info("resumed from %s (step %d)", path, self.step)
         return True
 
-    def train(self, on_step: Callable[[StepResult], None] | None = None) -> Path | None:
-        """Run the remaining steps up to grpo.steps, checkpointing every grpo.checkpoint_every steps and
-        at the end; returns the last checkpoint."""
+    def train(self, on_step: Callable[[StepResult], None] | None = None, until: int | None = None) -> Path | None:
+        """Run the remaining steps up to `until` (default and at most grpo.steps), checkpointing every
+        grpo.checkpoint_every steps and at the end; returns the last checkpoint saved (None when no step
+        ran). The Prefect flow runs it block by block (`until` = the block's last step)."""
         cfg = self.config.grpo
+        end = min(until or cfg.steps, cfg.steps)
         last = None
-        while self.step < cfg.steps:
+        while self.step < end:
             result = self.train_step()
             if on_step is not None:
                 on_step(result)
-            if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+            if self.step % cfg.checkpoint_every == 0 or self.step == end:
                 last = self.save_checkpoint()
         return last
 
@@ -524,26 +510,40 @@ def rollout_memories(batch: RolloutBatch) -> list[dict]:
     ]
 
 
-def evaluation_metrics(batch: RolloutBatch, seconds: float = 0.0) -> dict[str, float]:
-    """eval/* metrics of a batch of greedy rollouts."""
+def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
+    """What a batch of rollouts did, computed the same way for training steps and for held-out
+    evaluation (there prefixed `eval/`): reward and its components, QA, completions, tool calls, memory."""
     samples = batch.samples
     n = max(len(samples), 1)
     calls = sum(s.reward.calls for s in samples)
+    tools = Counter(r.name or "unparseable" for s in samples for r in s.results)
+    lengths = [len(s.completion_ids) for s in samples]
+    return {
+        "reward": sum(s.reward.total for s in samples) / n,
+        "qa_score": sum(batch.qa_scores) / max(len(batch.qa_scores), 1),
+        **{f"rewards/{c}/mean": sum(getattr(s.reward, c) for s in samples) / n for c in REWARD_COMPONENTS},
+        "completions/mean_length": sum(lengths) / n,
+        "completions/min_length": float(min(lengths, default=0)),
+        "completions/max_length": float(max(lengths, default=0)),
+        "completions/clipped_ratio": sum(s.truncated for s in samples) / n,
+        "tool_calls/per_chunk": calls / n,
+        "tool_calls/success_rate": sum(s.reward.executed for s in samples) / calls if calls else 0.0,
+        "tool_calls/nothing_to_store": sum(s.parse.nothing_to_store for s in samples) / n,
+        **{f"tool_calls/{name}": tools.get(name, 0) / n for name in (*TOOL_NAMES, "unparseable")},
+        "memory/tokens": sum(m.token_count() for m in batch.memories) / max(len(batch.memories), 1),
+        "memory/entries": sum(m.entry_count() for m in batch.memories) / max(len(batch.memories), 1),
+    }
+
+
+def evaluation_metrics(batch: RolloutBatch, seconds: float = 0.0) -> dict[str, float]:
+    """eval/* metrics of a batch of greedy rollouts: `rollout_metrics`, plus QA per competency."""
     by_competency: dict[str, list[float]] = {}
     for r, answers in enumerate(batch.answers):
         competency = batch.instances[r // batch.num_generations].competency
         by_competency.setdefault(competency, []).extend(a["score"] for a in answers)
     return {
-        "eval/qa_score": sum(batch.qa_scores) / max(len(batch.qa_scores), 1),
+        **{f"eval/{key}": value for key, value in rollout_metrics(batch).items()},
         **{f"eval/qa/{c}": sum(v) / len(v) for c, v in sorted(by_competency.items()) if v},
-        "eval/reward": sum(s.reward.total for s in samples) / n,
-        **{f"eval/{c}": sum(getattr(s.reward, c) for s in samples) / n for c in REWARD_COMPONENTS},
-        "eval/tool_calls_per_chunk": calls / n,
-        "eval/tool_success": sum(s.reward.executed for s in samples) / calls if calls else 0.0,
-        "eval/nothing_to_store": sum(s.parse.nothing_to_store for s in samples) / n,
-        "eval/memory_tokens": sum(m.token_count() for m in batch.memories) / max(len(batch.memories), 1),
-        "eval/memory_entries": sum(m.entry_count() for m in batch.memories) / max(len(batch.memories), 1),
-        "eval/completion_length": sum(len(s.completion_ids) for s in samples) / n,
         "eval/instances": float(len(batch.instances)),
         "eval/seconds": seconds,
     }

@@ -34,7 +34,7 @@ PLOT_GROUPS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "reward.png": ("Reward and its components", "reward", ("reward", "rewards/")),
     "memory.png": ("Memory size", "tokens / entries", ("memory/",)),
     "tool_calls.png": ("Tool-call outcomes", "per chunk / share", ("tool_calls/",)),
-    "validation.png": ("Validation", "score", ("eval/qa_score", "eval/reward", "eval/r", "eval/tool_success")),
+    "validation.png": ("Validation", "score", ("eval/qa_score", "eval/reward", "eval/rewards/", "eval/tool_calls/success_rate")),
 }
 
 

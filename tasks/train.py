@@ -263,16 +263,17 @@ def train_block(config: RunConfig, run_dir: str, run_id: str, first: int, last: 
     if resumed < first - 1:
         raise RuntimeError(f"block {first}-{last} needs the checkpoint of step {first - 1}; latest is step {resumed}")
     progress = GRPOProgress(config.grpo.steps, trainer.step, logger.info)
-    while trainer.step < last:
-        started = time.perf_counter()
-        result = trainer.train_step()  # evaluates held-out instances itself on evaluation steps
-        _stage_step(path, result, time.perf_counter() - started)
+    previous = time.perf_counter()
+
+    def on_step(result) -> None:
+        nonlocal previous
+        now = time.perf_counter()
+        _stage_step(path, result, now - previous)
+        previous = now
         progress(result)
         _maybe_fail(path, result.step)
-    if resumed < last:
-        checkpoint = trainer.save_checkpoint()
-    else:
-        checkpoint = checkpoint_dir(path, last)
+
+    checkpoint = trainer.train(on_step, until=last) or checkpoint_dir(path, last)
     published = publish_block(config, path, run_id, first, last, checkpoint)
     logger.info("block %d-%d: checkpoint %s, %d steps published to MLflow", first, last, checkpoint, published)
     return {"first": first, "last": last, "resumed_from": resumed, "checkpoint": str(checkpoint), "published": published}

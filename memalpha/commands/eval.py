@@ -7,9 +7,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from memalpha.config import load_config
+from memalpha.config import EVAL_METHODS, load_config
 from memalpha.errors import UserError
-from memalpha.evaluation.methods import ALL_METHODS
 
 METRICS_FILE = "metrics.json"
 
@@ -19,8 +18,8 @@ def register(subparsers) -> None:
     parser.add_argument("--model", help="trained adapter: an adapter folder, a checkpoint, a run folder, or a "
                         "downloaded registered model (MLmodel folder); needed for the `policy` method")
     parser.add_argument("--data", help="dataset folder (default: eval.data_path)")
-    parser.add_argument("--methods", nargs="+", choices=ALL_METHODS, metavar="METHOD",
-                        help=f"methods to compare (default: eval.methods); any of {', '.join(ALL_METHODS)}")
+    parser.add_argument("--methods", nargs="+", choices=EVAL_METHODS, metavar="METHOD",
+                        help=f"methods to compare (default: eval.methods); any of {', '.join(EVAL_METHODS)}")
     parser.add_argument("--split", choices=["train", "validation", "test", "all"],
                         help="split to evaluate (default: eval.split, test); all = every instance of the dataset")
     parser.add_argument("--max-instances", type=int, metavar="N",

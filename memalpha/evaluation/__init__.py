@@ -3,14 +3,13 @@ long context, RAG over raw chunks, closed book) under one reader and one context
 per-competency tables, length generalisation and the nightly regression check."""
 
 from memalpha.evaluation.length import LengthResult, evaluate_length
-from memalpha.evaluation.methods import ALL_METHODS, resolve_adapter, transformers_flavor
+from memalpha.evaluation.methods import resolve_adapter, transformers_flavor
 from memalpha.evaluation.regression import RegressionCheck, check_regression
 from memalpha.evaluation.report import write_report
 from memalpha.evaluation.results import EvalResult
 from memalpha.evaluation.runner import evaluate
 
 __all__ = [
-    "ALL_METHODS",
     "EvalResult",
     "LengthResult",
     "RegressionCheck",

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import yaml
 
 from memalpha.checkpoint import ADAPTER, latest_checkpoint
-from memalpha.config import RunConfig
+from memalpha.config import EVAL_METHODS, RunConfig
 from memalpha.data.schema import Instance
 from memalpha.episode import Episode
 from memalpha.errors import UserError
@@ -41,7 +41,6 @@ from memalpha.tokens import TokenCounter
 if TYPE_CHECKING:
     from memalpha.retrieval import TextEncoder
 
-ALL_METHODS = ("policy", "base", "sft", "rule_writer", "long_context", "rag", "no_memory")
 
 _WORD_START = re.compile(r"\S+")
 
@@ -319,7 +318,7 @@ def make_method(name: str, env: EvalEnv, model_uri: str | None = None) -> Method
         return PolicyMethod(env, "sft", adapter=env.config.eval.sft_adapter)
     if name == "base":
         return PolicyMethod(env, "base", adapter=None)
-    raise ValueError(f"unknown evaluation method {name!r}; choose from {', '.join(ALL_METHODS)}")
+    raise ValueError(f"unknown evaluation method {name!r}; choose from {', '.join(EVAL_METHODS)}")
 
 
 _URI_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:", "s3://", "gs://", "http://", "https://")

@@ -10,12 +10,12 @@ from typing import Any, Callable, Sequence
 
 import polars as pl
 
-from memalpha.config import RunConfig
+from memalpha.config import EVAL_METHODS, RunConfig
 from memalpha.data.chunking import TokenCounts
 from memalpha.data.io import read_dataset
 from memalpha.data.schema import Instance
 from memalpha.errors import UserError
-from memalpha.evaluation.methods import ALL_METHODS, Built, EvalEnv, Method, make_method
+from memalpha.evaluation.methods import Built, EvalEnv, Method, make_method
 from memalpha.evaluation.results import INSTANCE_COLUMNS, QUESTION_COLUMNS, EvalResult
 from memalpha.metrics import score_answer
 from memalpha.models.readers import Reader, ReaderItem, make_reader
@@ -82,9 +82,9 @@ def _counter(tokenizer: Any) -> TokenCounter:
 
 
 def _check_methods(methods: Sequence[str]) -> list[str]:
-    unknown = [m for m in methods if m not in ALL_METHODS]
+    unknown = [m for m in methods if m not in EVAL_METHODS]
     if unknown:
-        raise UserError(f"unknown evaluation method(s) {unknown}; choose from {', '.join(ALL_METHODS)}")
+        raise UserError(f"unknown evaluation method(s) {unknown}; choose from {', '.join(EVAL_METHODS)}")
     if not methods:
         raise UserError("no evaluation method selected")
     return list(dict.fromkeys(methods))
