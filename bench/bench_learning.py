@@ -27,6 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = int(os.environ.get("MEMALPHA_BENCH_LEARNING_STEPS", "60"))
 BUDGET_S = float(os.environ.get("MEMALPHA_BENCH_LEARNING_BUDGET_S", str(60 * 60)))
 TEST_INSTANCES = int(os.environ.get("MEMALPHA_BENCH_LEARNING_TEST_INSTANCES", "16"))
+REUSE_SFT = os.environ.get("MEMALPHA_BENCH_LEARNING_REUSE_SFT")
+"""An earlier run's warm-start adapter folder (same SFT settings and seed, so the same adapter) to start
+from instead of training it again; the report says so and what that warm start cost."""
 TEST_SEED = 7
 TEST_CHUNKS = 4
 SPREAD_SEEDS = (0, 1, 2)
@@ -35,7 +38,7 @@ RUN_DIR = ROOT / "runs" / "bench-learning"
 PLOT = ROOT / "bench" / "results" / "learning.png"
 OVERRIDES = [
     f"output_dir={RUN_DIR}", "data.train_path=data/synth-ar-cr", f"data.competencies=[{', '.join(COMPETENCIES)}]", "grpo.sampling=step",
-    "grpo.eval_every=10", "grpo.learning_rate=3e-4", "eval.max_instances=8", "eval.batch_size=16", "sft.num_demonstrations=96", "sft.epochs=2", "sft.eval_chunks=16",
+    "grpo.eval_every=10", "grpo.loss_type=dr_grpo", "eval.max_instances=8", "eval.batch_size=16", "sft.num_demonstrations=96", "sft.epochs=2", "sft.eval_chunks=16",
 ]
 READER_NOTE = {"evidence": " (it answers whenever a gold answer occurs in the context: an upper bound for methods that keep raw text)"}
 CURVE_KEYS = ("reward", "qa_score", "rewards/coverage/mean", "rewards/r2/mean", "rewards/r4/mean",
@@ -88,6 +91,8 @@ def run() -> dict[str, Any]:
     started = time.perf_counter()
     if RUN_DIR.exists():
         shutil.rmtree(RUN_DIR)  # a fresh run: the curves must start at the warm start
+    if REUSE_SFT:
+        shutil.copytree(REUSE_SFT, RUN_DIR / SFT_DIR)
     config = load_config(ROOT / "configs" / "default.yaml", [*OVERRIDES, f"grpo.steps={STEPS}",
                                                              f"grpo.checkpoint_every={STEPS}"])
     trainer = Trainer(config, RUN_DIR)
@@ -141,7 +146,8 @@ def run() -> dict[str, Any]:
             "test_questions": sum(len(i.questions) for i in instances), "reader": config.model.reader,
             "retrieval": f"{config.retrieval.method} top-{config.retrieval.top_k}, {config.memory.reader_view_tokens}-token reader budget",
             "qa_spread": f"std over {len(SPREAD_SEEDS)} evaluations sampled at temperature 1",
-            "warm_start_seconds": round(warm_s, 1), "grpo_seconds": round(time.perf_counter() - grpo_started, 1),
+            "warm_start_seconds": round(warm_s, 1),
+            "warm_start_reused_from": REUSE_SFT or None, "grpo_seconds": round(time.perf_counter() - grpo_started, 1),
             "total_seconds": round(time.perf_counter() - started, 1), "budget_seconds": BUDGET_S,
         },
     }
@@ -197,7 +203,9 @@ def to_markdown(results: dict[str, Any]) -> str:
         "# Benchmark: learning", "",
         f"{s['config']} with {' '.join(s['overrides'])}; B={s['B']}, G={s['G']}, lr {s['learning_rate']}. "
         f"Warm start: {results['sft_steps']} SFT steps, best epoch {results['sft_best_epoch']} "
-        f"({s['warm_start_seconds']} s with setup); {results['grpo_steps']} GRPO steps in {s['grpo_seconds']} s; "
+        f"({s['warm_start_seconds']} s with setup"
+        + (f"; the adapter was reused from {s['warm_start_reused_from']}, whose run trained it" if s.get("warm_start_reused_from") else "")
+        + f"); {results['grpo_steps']} GRPO steps in {s['grpo_seconds']} s; "
         f"{s['total_seconds'] / 60:.1f} min in all (budget {s['budget_seconds'] / 60:.0f} min).", "",
         f"Held-out test: {s['test_instances']} instances ({s['test_questions']} questions) of "
         f"{', '.join(COMPETENCIES)}, {s['test_chunks']} chunks each, generator seed {s['test_seed']}; greedy; "
