@@ -78,8 +78,8 @@ class SFTProgress:
 
     def __call__(self, record: dict) -> None:
         step, total = int(record.get("step", 0)), int(record.get("max_steps", 0))
-        if self.meter is None:
-            self.meter = StepMeter(total)
+        if self.meter is None:  # run_sft's first record comes when training begins
+            self.meter = StepMeter(total, step)
         if "loss" in record:
             self.emit(f"warm start step {step}/{total} | loss {float(record['loss']):.4f} | {self.meter.rate_and_eta(step)}")
         if "sft_eval/evidence_recall" in record:

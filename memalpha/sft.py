@@ -283,6 +283,10 @@ def run_sft(
     best: dict = {"recall": -1.0, "epoch": 0, "weights": None}
 
     class _Record(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            if on_log is not None:  # lets a progress line time the first step
+                on_log({"step": state.global_step, "max_steps": state.max_steps})
+
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
                 losses.append(float(logs["loss"]))
