@@ -111,7 +111,7 @@ def _sample(policy, prompts: list[str], config: RunConfig, batch: RolloutBatch, 
     rcfg = config.rollout
     tokenizer = policy.tokenizer
     eos_ids = [tokenizer.eos_token_id] + ([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else [])
-    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    ids = tokenizer(prompts, add_special_tokens=False)["input_ids"] if prompts else []
     cut = [len(x) > rcfg.max_prompt_tokens for x in ids]
     ids = [x[-rcfg.max_prompt_tokens:] for x in ids]
     start = time.perf_counter()

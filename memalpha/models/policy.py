@@ -152,7 +152,7 @@ class Policy:
         """Greedy completions (special tokens removed) of rendered prompts, in batches (the reader and the
         judge); prompts longer than max_prompt_tokens keep their last tokens."""
         tokenizer = self.tokenizer
-        ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        ids = tokenizer(prompts, add_special_tokens=False)["input_ids"] if prompts else []
         if max_prompt_tokens is not None:
             ids = [row[-max_prompt_tokens:] for row in ids]
         eos = [t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None]
