@@ -157,6 +157,43 @@ def test_completion_loss_equals_the_full_logit_loss(config):
     assert torch.allclose(summed, reference / 2, atol=1e-5)
 
 
+def test_a_shared_prefix_runs_once_with_the_same_loss_and_gradients(config):
+    """Rows that open with the same system prompt: the prefix runs forward once and its cache is reused,
+    and the loss and LoRA gradients equal those of the model's own loss over whole rows."""
+    from memalpha.sft import MIN_SHARED_PREFIX, completion_loss, shared_prefix_length
+
+    policy = load_policy(config.model)
+    torch.manual_seed(0)
+    ids = torch.randint(5, 200, (3, 40))
+    ids[:, :20] = ids[0, :20]  # the shared system prompt
+    labels = torch.full_like(ids, -100)
+    labels[0, 26:36] = ids[0, 26:36]
+    labels[1, 30:40] = ids[1, 30:40]
+    labels[2, 24:31] = ids[2, 24:31]
+    attention = torch.ones_like(ids)
+    attention[0, 36:] = 0
+    attention[2, 31:] = 0
+    inputs = {"input_ids": ids, "attention_mask": attention, "labels": labels}
+    assert shared_prefix_length(ids, attention) == 20 >= MIN_SHARED_PREFIX
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+
+    def loss_and_grads(compute):
+        for param in params:
+            param.grad = None
+        loss = compute()
+        loss.backward()
+        return loss.detach(), [param.grad.clone() for param in params]
+
+    shared, shared_grads = loss_and_grads(lambda: completion_loss(policy.model, inputs)[0])
+    plain, plain_grads = loss_and_grads(lambda: policy.model(**inputs).loss)
+    assert torch.allclose(shared, plain, atol=1e-5)
+    assert any(g.abs().sum() > 0 for g in plain_grads)
+    for a, b in zip(shared_grads, plain_grads):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+    ids[1, 3] += 1  # rows that differ early share no prefix worth a pass
+    assert shared_prefix_length(ids, attention) == 3
+
+
 def test_held_out_extraction_is_measured_each_epoch_and_a_plateau_stops_training(tmp_path, config, instances):
     policy = load_policy(config.model)
     demos = _short_demos(policy)[:4]
