@@ -110,6 +110,10 @@ class DataConfig(_Section):
     chunk_curriculum: list[tuple[int, int]] = []
     """Curriculum as (first GRPO step, chunks per instance) pairs, e.g. [[0, 1], [10, 2], [25, 4]]: from
     that step on, training instances are cut to that many chunks (answerable questions only). Empty: off."""
+    distractor_curriculum: list[tuple[int, float]] = []
+    """Curriculum as (first GRPO step, share of distractor chunks kept) pairs, e.g. [[0, 0.0], [15, 1.0]]:
+    from that step on, training instances keep that share of their chunks that no question cites as
+    evidence (a fixed subset per instance), before the chunk curriculum cuts them. Empty: all kept."""
     max_answer_tokens: int = Field(64, ge=1)
     """Validation: longest gold answer (tokens); long-range answers that are whole summaries are exempt."""
     max_chunk_tokens: int = Field(4096, ge=16)
@@ -287,11 +291,14 @@ class RunConfig(_Section):
         if self.reward.qa_metric == "llm_judge":
             raise ValueError(f"reward.qa_metric=llm_judge needs an answer judge, and none is wired: model.judge="
                              f"{self.model.judge} judges memory writes (reward.judge=llm) only; choose another reward.qa_metric")
+        for name in ("chunk_curriculum", "distractor_curriculum"):
+            starts = [start for start, _ in getattr(self.data, name)]
+            if starts and (starts[0] != 0 or starts != sorted(set(starts))):
+                raise ValueError(f"data.{name}: first steps must start at 0 and increase, got {starts}")
+        if any(not 0 <= share <= 1 for _, share in self.data.distractor_curriculum):
+            raise ValueError("data.distractor_curriculum: shares must be between 0 and 1")
         schedule = self.data.chunk_curriculum
         if schedule:
-            starts = [start for start, _ in schedule]
-            if starts[0] != 0 or starts != sorted(set(starts)):
-                raise ValueError(f"data.chunk_curriculum: first steps must start at 0 and increase, got {starts}")
             cap = self.data.max_chunks_per_instance
             if cap and any(chunks > cap for _, chunks in schedule):
                 raise ValueError(f"data.chunk_curriculum asks for up to {max(c for _, c in schedule)} chunks but "

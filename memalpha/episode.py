@@ -16,6 +16,7 @@ copy), so several completions can be tried from one memory state.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field, replace
 
 from memalpha.config import MemoryConfig, RetrievalConfig, RunConfig
@@ -71,6 +72,21 @@ def truncate_for_training(instances: list[Instance], max_chunks: int) -> tuple[l
         if instance.questions:
             kept.append(instance)
     return kept, len(instances) - len(kept)
+
+
+def thin_distractors(instance: Instance, keep_share: float) -> Instance:
+    """The instance with only `keep_share` of its distractor chunks (chunks that no question cites as
+    evidence), a fixed subset per instance, evidence indices renumbered. Unchanged at 1, and when a
+    question's evidence is unknown (distractors cannot be told apart then)."""
+    if keep_share >= 1 or any(q.evidence_chunks is None for q in instance.questions):
+        return instance
+    evidence = {c for q in instance.questions for c in q.evidence_chunks}
+    distractors = [i for i in range(len(instance.chunks)) if i not in evidence]
+    kept_distractors = set(random.Random(instance.instance_id).sample(distractors, round(keep_share * len(distractors))))
+    kept = [i for i in range(len(instance.chunks)) if i in evidence or i in kept_distractors]
+    renumber = {old: new for new, old in enumerate(kept)}
+    questions = [replace(q, evidence_chunks=[renumber[c] for c in q.evidence_chunks]) for q in instance.questions]
+    return replace(instance, chunks=[instance.chunks[i] for i in kept], questions=questions)
 
 
 class Episode:

@@ -31,7 +31,7 @@ import torch
 from memalpha.checkpoint import CheckpointState, latest_checkpoint, load_checkpoint, read_state, save_checkpoint
 from memalpha.config import RunConfig, training_fields
 from memalpha.data.schema import Instance
-from memalpha.episode import truncate_for_training
+from memalpha.episode import thin_distractors, truncate_for_training
 from memalpha.errors import UserError
 from memalpha.generation import left_pad, right_pad
 from memalpha.grpo import completion_logps, compute_advantages, group_ids, group_std, grpo_loss, shared_prompt_logps
@@ -202,19 +202,27 @@ class Trainer:
         random.Random(self.config.grpo.seed * 1_000_003 + epoch).shuffle(order)
         return order
 
+    def _scheduled(self, schedule: list[tuple[int, float]], default: float) -> float:
+        """The value of a (first step, value) curriculum at the coming step."""
+        value = default
+        for start, scheduled in schedule:
+            if self.step >= start:
+                value = scheduled
+        return value
+
     def curriculum_chunks(self) -> int:
         """Chunks per instance at the coming step under data.chunk_curriculum (0: no curriculum)."""
-        chunks = 0
-        for start, size in self.config.data.chunk_curriculum:
-            if self.step >= start:
-                chunks = size
-        return chunks
+        return int(self._scheduled(self.config.data.chunk_curriculum, 0))
+
+    def curriculum_distractors(self) -> float:
+        """Share of distractor chunks kept at the coming step under data.distractor_curriculum."""
+        return self._scheduled(self.config.data.distractor_curriculum, 1.0)
 
     def _next_instances(self) -> list[Instance]:
-        """The next B training instances in the epoch's order, cut to the curriculum's length; an instance
+        """The next B training instances in the epoch's order, thinned and cut by the curricula; an instance
         left without an answerable question is passed over (the data position still moves on)."""
         picked = []
-        chunks = self.curriculum_chunks()
+        chunks, distractors = self.curriculum_chunks(), self.curriculum_distractors()
         passed_over = 0
         while len(picked) < self.config.rollout.instances_per_step:
             order = self._epoch_order(self.epoch)
@@ -225,7 +233,7 @@ class Trainer:
             self.position += 1
             if self.position == len(order):
                 self.epoch, self.position = self.epoch + 1, 0
-            kept, dropped = truncate_for_training([instance], chunks)
+            kept, dropped = truncate_for_training([thin_distractors(instance, distractors)], chunks)
             picked.extend(kept)
             passed_over += dropped
         return picked
@@ -238,6 +246,7 @@ class Trainer:
         # the policy before any update: the baseline the held-out curve starts from
         before = {f"warm_start/{k}": v for k, v in self.evaluate("validation").items()} if self.step == 0 else {}
         instances = self._next_instances()
+        distractors_kept = self.curriculum_distractors()
         collect = collect_step_rollouts if cfg.sampling == "step" else collect_rollouts
         batch = collect(
             self.policy, instances, self.config, num_generations=self.config.rollout.num_generations,
@@ -269,6 +278,7 @@ class Trainer:
             "throughput/generated_tokens_per_s": batch.generated_tokens / max(batch.generate_s, 1e-9),
             "data/epoch": float(self.epoch),
             "curriculum/chunks_per_instance": float(max(len(i.chunks) for i in instances)),
+            "curriculum/distractors_kept": distractors_kept,
             "data/dropped_instances": float(self.dropped_instances.get("train", 0)),
         })
         if cfg.is_eval_step(self.step):

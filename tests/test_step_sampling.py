@@ -114,14 +114,48 @@ def test_the_chunk_curriculum_grows_instances_over_steps(tmp_path, random_adapte
     assert results[0].samples["chunk"].max() == 0 and results[2].samples["chunk"].max() == 2
 
 
-@pytest.mark.parametrize("schedule, message", [
-    ("[[1, 1]]", "start at 0"), ("[[0, 2], [0, 3]]", "increase"), ("[[0, 4]]", "max_chunks_per_instance=2"),
+def test_thinning_keeps_the_evidence_and_a_fixed_share_of_the_distractors():
+    from memalpha.data.schema import Instance, Question
+    from memalpha.episode import thin_distractors
+
+    questions = [Question("q1", "?", ["a"], "single_hop", [1]), Question("q2", "?", ["b"], "single_hop", [4, 1])]
+    instance = Instance("i", "synth", "accurate_retrieval", [f"chunk {i}" for i in range(6)], questions)
+    bare = thin_distractors(instance, 0.0)
+    assert bare.chunks == ["chunk 1", "chunk 4"] and [q.evidence_chunks for q in bare.questions] == [[0], [1, 0]]
+    half = thin_distractors(instance, 0.5)
+    assert len(half.chunks) == 4 and half == thin_distractors(instance, 0.5)  # 2 of 4 distractors, the same 2
+    assert half.chunks == sorted(half.chunks) and {"chunk 1", "chunk 4"} <= set(half.chunks)  # order kept
+    assert [half.chunks[c] for q in half.questions for c in q.evidence_chunks] == ["chunk 1", "chunk 4", "chunk 1"]
+    assert thin_distractors(instance, 1.0) is instance
+    unknown = Instance("u", "synth", "accurate_retrieval", ["x", "y"], [Question("q", "?", ["a"], "single_hop")])
+    assert thin_distractors(unknown, 0.0) is unknown  # distractors cannot be told apart
+
+
+def test_the_distractor_curriculum_adds_distractors_over_steps(tmp_path, random_adapter):  # noqa: F811
+    from test_rollout import make_dataset
+
+    data = make_dataset(tmp_path / "data")
+    config = tiny_config(data, "data.max_chunks_per_instance=0", "data.distractor_curriculum=[[0, 0.0], [2, 1.0]]",
+                         "grpo.steps=3", "grpo.eval_every=10")
+    trainer = Trainer(config, _run_dir(tmp_path, random_adapter))
+    results = []
+    trainer.train(results.append)
+    assert [r.metrics["curriculum/distractors_kept"] for r in results] == [0.0, 0.0, 1.0]
+    # only the evidence chunk is left while no distractor is kept; every instance has 2 or 3 chunks
+    assert [r.metrics["curriculum/chunks_per_instance"] for r in results][:2] == [1, 1]
+    assert results[2].metrics["curriculum/chunks_per_instance"] >= 2
+
+
+@pytest.mark.parametrize("kind, schedule, message", [
+    ("chunk", "[[1, 1]]", "start at 0"), ("chunk", "[[0, 2], [0, 3]]", "increase"),
+    ("chunk", "[[0, 4]]", "max_chunks_per_instance=2"), ("distractor", "[[2, 0.5]]", "distractor_curriculum: first steps"),
+    ("distractor", "[[0, 1.5]]", "between 0 and 1"),
 ])
-def test_a_curriculum_the_data_cannot_follow_is_refused(schedule, message):
+def test_a_curriculum_the_data_cannot_follow_is_refused(kind, schedule, message):
     from memalpha.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=message):
-        load_config(None, ["data.max_chunks_per_instance=2", f"data.chunk_curriculum={schedule}"])
+        load_config(None, ["data.max_chunks_per_instance=2", f"data.{kind}_curriculum={schedule}"])
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
