@@ -101,15 +101,18 @@ def test_step_level_resume_reproduces_the_uninterrupted_run(step_run, tmp_path):
     result, _ = resume_third_step(_step_config(data), run, results, tmp_path)
     assert json.loads(results[2].samples["memory"][0]) == json.loads(result.samples["memory"][0])
 
-def test_the_chunk_curriculum_grows_instances_over_steps(tmp_path, random_adapter):  # noqa: F811
+def _three_curriculum_steps(tmp_path, adapter, schedule: str) -> list:
     from test_rollout import make_dataset
 
-    data = make_dataset(tmp_path / "data")
-    config = tiny_config(data, "data.max_chunks_per_instance=0", "data.chunk_curriculum=[[0, 1], [2, 3]]",
+    config = tiny_config(make_dataset(tmp_path / "data"), "data.max_chunks_per_instance=0", schedule,
                          "grpo.steps=3", "grpo.eval_every=10")
-    trainer = Trainer(config, _run_dir(tmp_path, random_adapter))
     results = []
-    trainer.train(results.append)
+    Trainer(config, _run_dir(tmp_path, adapter)).train(results.append)
+    return results
+
+
+def test_the_chunk_curriculum_grows_instances_over_steps(tmp_path, random_adapter):  # noqa: F811
+    results = _three_curriculum_steps(tmp_path, random_adapter, "data.chunk_curriculum=[[0, 1], [2, 3]]")
     assert [r.metrics["curriculum/chunks_per_instance"] for r in results] == [1, 1, 3]
     assert results[0].samples["chunk"].max() == 0 and results[2].samples["chunk"].max() == 2
 
@@ -132,14 +135,7 @@ def test_thinning_keeps_the_evidence_and_a_fixed_share_of_the_distractors():
 
 
 def test_the_distractor_curriculum_adds_distractors_over_steps(tmp_path, random_adapter):  # noqa: F811
-    from test_rollout import make_dataset
-
-    data = make_dataset(tmp_path / "data")
-    config = tiny_config(data, "data.max_chunks_per_instance=0", "data.distractor_curriculum=[[0, 0.0], [2, 1.0]]",
-                         "grpo.steps=3", "grpo.eval_every=10")
-    trainer = Trainer(config, _run_dir(tmp_path, random_adapter))
-    results = []
-    trainer.train(results.append)
+    results = _three_curriculum_steps(tmp_path, random_adapter, "data.distractor_curriculum=[[0, 0.0], [2, 1.0]]")
     assert [r.metrics["curriculum/distractors_kept"] for r in results] == [0.0, 0.0, 1.0]
     # only the evidence chunk is left while no distractor is kept; every instance has 2 or 3 chunks
     assert [r.metrics["curriculum/chunks_per_instance"] for r in results][:2] == [1, 1]
