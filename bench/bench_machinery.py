@@ -1,16 +1,18 @@
-"""Does `torch.compile` pay on this machine for the two hot loops of a GRPO step?
+"""What pays on this machine for the two hot loops of a GRPO step: threads, micro-batch size, torch.compile.
 
 1. Decoding: one new token for each of 32 rows over the KV cache of a 770-token writer prompt (a
    step-level group of 8 prompts x 4 as the rollout benchmark has it, here one prompt repeated), the
    adapter merged as in rollouts; `DECODE_STEPS` consecutive steps, so the cache grows as in generation.
-2. The update: forward + backward of a micro-batch of 2 writer prompts with 48-token completions,
-   through the LoRA adapter, loss on the completion logits only (as `grpo.completion_logps`).
+   Timed with 1 and with all threads, eager and compiled.
+2. The update: forward + backward of writer prompts with 48-token completions through the LoRA adapter,
+   loss on the completion logits only (as `grpo.completion_logps`); micro-batches of 1, 2, 4 and 8 rows
+   (seconds per row), and 2 rows eager against compiled.
 
-Each is timed eager and under `torch.compile(dynamic=True)` (growing caches and varying widths must not
-recompile every call); the compiled version's first calls are reported as compile time and excluded
-from its steady-state time. A compile that fails is reported with its error, not hidden.
+Compiling uses `torch.compile(dynamic=True)` (growing caches and varying widths must not recompile every
+call); its first calls are reported as compile time and excluded from the steady-state time. A compile
+that fails is reported with its error, not hidden.
 
-    python -m bench.run_all compile      # writes bench/results/compile.json and compile.md
+    python -m bench.run_all machinery      # writes bench/results/machinery.json and machinery.md
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ DECODE_STEPS = 12
 UPDATE_ROWS = 2
 COMPLETION = 48
 REPEATS = 3
+MICRO_BATCHES = (1, 2, 4, 8)
 
 
 def _decode(model, cache, prompt_len: int, token: int) -> list[float]:
@@ -83,6 +86,10 @@ def run() -> dict[str, Any]:
         cache.batch_repeat_interleave(ROWS)
         token = policy.tokenizer.eos_token_id
         decode = {"eager": _measure(lambda: _decode(model, cache, len(prompt), token), REPEATS)}
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        decode["one_thread"] = _measure(lambda: _decode(model, cache, len(prompt), token), REPEATS)
+        torch.set_num_threads(threads)
         compiled = torch.compile(model, dynamic=True)
         decode["compiled"] = _measure(lambda: _decode(compiled, cache, len(prompt), token), REPEATS)
         torch._dynamo.reset()
@@ -97,6 +104,12 @@ def run() -> dict[str, Any]:
     update["compiled"] = _measure(lambda: _update(compiled, rows), REPEATS)
     torch._dynamo.reset()
     results["update"] = {**update, "rows": UPDATE_ROWS, "tokens_per_row": rows.shape[1]}
+    per_row = {}
+    for size in MICRO_BATCHES:
+        batch = rows[:1].expand(size, -1).contiguous()
+        timing = _measure(lambda: _update(policy.model, batch), 1)
+        per_row[str(size)] = round(timing["steady_s"] / size, 3)
+    results["update_seconds_per_row"] = per_row
     for part in ("decode", "update"):
         eager, comp = results[part]["eager"], results[part]["compiled"]
         if "steady_s" in eager and "steady_s" in comp:
@@ -108,8 +121,9 @@ def run() -> dict[str, Any]:
 
 
 def to_markdown(results: dict[str, Any]) -> str:
+    decode = results["decode"]
     lines = [
-        "# Benchmark: torch.compile", "",
+        "# Benchmark: threads, micro-batches, torch.compile", "",
         f"torch {results['torch']}, {results['threads']} threads, {results['dtype']}, writer prompt of "
         f"{results['prompt_tokens']} tokens. Decode: {results['decode']['steps']} single-token steps for "
         f"{results['decode']['rows']} rows over the prompt's cache (adapter merged). Update: forward + backward "
@@ -126,4 +140,11 @@ def to_markdown(results: dict[str, Any]) -> str:
             continue
         lines.append(f"| {part} | {r['eager']['steady_s']} | {comp['first_call_s']} | {comp['steady_s']} | "
                      f"{r.get('speedup')} | {r.get('calls_to_repay_compile')} |")
+    lines += [
+        "", f"Decode with 1 thread: {decode['one_thread'].get('steady_s')} s against {decode['eager'].get('steady_s')} s "
+        f"with {results['threads']}.", "",
+        "| update micro-batch (rows) | " + " | ".join(results["update_seconds_per_row"]) + " |",
+        "|---|" + "---|" * len(results["update_seconds_per_row"]),
+        "| seconds per row | " + " | ".join(str(v) for v in results["update_seconds_per_row"].values()) + " |",
+    ]
     return "\n".join(lines) + "\n"
