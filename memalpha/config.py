@@ -170,6 +170,11 @@ class GRPOConfig(_Section):
     shared memory state, compared with the per-chunk reward (memalpha.rollout.collect_step_rollouts)."""
     step_advance: Literal["sample", "best"] = "sample"
     """Step sampling: the candidate the shared state advances to (a uniform draw, or the best reward)."""
+    rule_guidance: bool = False
+    """Step sampling: one of a group's G candidates is the rule writer's completion for the same state
+    (off-policy guidance, LUFFY, arXiv 2504.14945). Where it beats the sampled ones its positive advantage
+    shows the policy what to store. It trains with importance ratio 1, and a `sample` advance never
+    moves the state to it, so states stay on-policy."""
     kl_beta: float = Field(0.0, ge=0)
     """KL coefficient to the reference policy (adapters disabled)."""
     num_iterations: int = Field(1, ge=1)
@@ -297,6 +302,9 @@ class RunConfig(_Section):
                 raise ValueError(f"data.{name}: first steps must start at 0 and increase, got {starts}")
         if any(not 0 <= share <= 1 for _, share in self.data.distractor_curriculum):
             raise ValueError("data.distractor_curriculum: shares must be between 0 and 1")
+        if self.grpo.rule_guidance and (self.grpo.sampling != "step" or self.rollout.num_generations < 2):
+            raise ValueError("grpo.rule_guidance needs grpo.sampling=step and rollout.num_generations >= 2 "
+                             f"(got {self.grpo.sampling!r} and {self.rollout.num_generations})")
         schedule = self.data.chunk_curriculum
         if schedule:
             cap = self.data.max_chunks_per_instance

@@ -23,6 +23,7 @@ from memalpha.generation import Generation, generate
 from memalpha.memory import MemoryStore, get_schema
 from memalpha.parsing import ParseResult
 from memalpha.rewards import RewardBreakdown
+from memalpha.rule_writer import RuleWriter
 from memalpha.tools import ToolResult
 
 
@@ -47,6 +48,8 @@ class Sample:
     """The memory after this chunk's calls."""
     reward: RewardBreakdown | None = None
     advantage: float = 0.0
+    guided: bool = False
+    """The rule writer wrote this completion (`grpo.rule_guidance`); it has no sampling log-probs."""
 
     @property
     def chunk(self) -> int:
@@ -190,34 +193,38 @@ def collect_step_rollouts(
     Each instance is walked along one memory state. At chunk t its one prompt is sampled G times (the G
     identical prompts sit next to each other in the batch), each candidate is stepped on a copy of the
     state and scored with the per-chunk reward (`episode.score_step`), so the G candidates of a group
-    differ only in their action. The state then advances to one candidate (`grpo.step_advance`: a
-    uniformly drawn one keeps the states on-policy, `best` takes the highest reward). After the last
-    chunk the reader answers from the advanced memory: `qa_scores` report the trajectory's QA; they are
-    shared by every candidate of a group, so they would cancel in its advantage and are left out of it.
+    differ only in their action. With `grpo.rule_guidance` the last candidate of every group is the rule
+    writer's completion for the same state. The state then advances to one candidate (`grpo.step_advance`:
+    a uniformly drawn sampled one keeps the states on-policy, `best` takes the highest reward). After the
+    last chunk the reader answers from the advanced memory: `qa_scores` report the trajectory's QA; they
+    are shared by every candidate of a group, so they would cancel in its advantage and are left out of it.
     """
     G = num_generations
+    guide = _guide_writer(policy, config) if config.grpo.rule_guidance else None
+    drawn = G - 1 if guide else G
     states = _new_episodes(policy, instances, config, 1)
     chosen: list[list[Sample]] = [[] for _ in instances]
     batch = RolloutBatch(list(instances), 1)
     with policy.merged_adapter():
         while active := [b for b, state in enumerate(states) if not state.done]:
             prompts = [states[b].prompt() for b in active]
-            ids, cut, out = _sample(policy, prompts, config, batch, generator=generator, copies=G)
+            ids, cut, out = _sample(policy, prompts, config, batch, generator=generator, copies=drawn)
             for i, b in enumerate(active):
+                drafts = [(policy.tokenizer.decode(out.completion_ids[k], skip_special_tokens=True), out.completion_ids[k],
+                           out.logps[k], out.truncated[k]) for k in range(i * drawn, (i + 1) * drawn)]
+                if guide:
+                    drafts.append(_guide_draft(guide, states[b], policy.tokenizer))
                 candidates, group = [], []
-                for g in range(G):
-                    k = i * G + g
+                for g, (text, completion_ids, logps, truncated) in enumerate(drafts):
                     branch = states[b].copy()
-                    text = policy.tokenizer.decode(out.completion_ids[k], skip_special_tokens=True)
                     step = branch.step(text, prompts[i])
-                    sample = Sample(
+                    group.append(Sample(
                         instance_index=b, instance_id=branch.instance.instance_id, rollout=g, step=step,
-                        prompt_ids=ids[i], completion_ids=out.completion_ids[k], sampling_logps=out.logps[k],
-                        truncated=out.truncated[k], prompt_truncated=cut[i], memory_json=branch.store.to_json(),
-                        reward=score_step(branch, config, judge),
-                    )
+                        prompt_ids=ids[i], completion_ids=completion_ids, sampling_logps=logps, truncated=truncated,
+                        prompt_truncated=cut[i], memory_json=branch.store.to_json(),
+                        reward=score_step(branch, config, judge), guided=g == drawn,
+                    ))
                     candidates.append(branch)
-                    group.append(sample)
                 batch.samples.extend(group)
                 pick = _advance(group, config.grpo.step_advance, generator)
                 states[b] = candidates[pick]
@@ -232,13 +239,29 @@ def collect_step_rollouts(
     return batch
 
 
+def _guide_writer(policy, config: RunConfig) -> RuleWriter:
+    schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
+    # one token of the budget is left for the end-of-turn token a sampled completion ends with
+    return RuleWriter(schema, max_completion_tokens=config.rollout.max_completion_length - 1, count_tokens=policy.count_tokens)
+
+
+def _guide_draft(writer: RuleWriter, state: Episode, tokenizer) -> tuple[str, list[int], list[float], bool]:
+    """The rule writer's completion for `state`'s chunk, as (text, token ids ending in end-of-turn,
+    no sampling log-probs, not truncated)."""
+    text = writer.write(state.chunk_text, state.store, state.visible_ids())
+    return text, tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id], [], False
+
+
 def _advance(group: list[Sample], rule: str, generator: torch.Generator | None) -> int:
-    """Which candidate the shared state moves to: a uniform draw (`sample`) or the best reward (`best`,
-    the first on ties)."""
+    """Which candidate the shared state moves to: the best reward (`best`, the first on ties) or a uniform
+    draw among the sampled candidates (`sample`; a guided one is never drawn)."""
     if rule == "best":
         totals = [s.reward.total for s in group]
         return totals.index(max(totals))
-    return int(torch.randint(len(group), (1,), generator=generator, device=generator.device)) if generator is not None else 0
+    sampled = [g for g, s in enumerate(group) if not s.guided]
+    if generator is None:
+        return sampled[0]
+    return sampled[int(torch.randint(len(sampled), (1,), generator=generator, device=generator.device))]
 
 
 def rollout_trace(batch: RolloutBatch, samples: list[Sample], r: int) -> dict:

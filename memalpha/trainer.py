@@ -308,7 +308,7 @@ class Trainer:
         keep = [i for i in range(n_seq) if not (skippable and advantages[i] == 0)]
         micro = self._micro_batches(samples, keep)
         stats = {"loss": 0.0, "tokens": 0.0, "low": 0.0, "high": 0.0, "kl": 0.0, "entropy": 0.0,
-                 "grad_norm": 0.0, "logp_diff": 0.0, "first_tokens": 0.0}
+                 "grad_norm": 0.0, "logp_diff": 0.0, "first_tokens": 0.0, "sampled_tokens": 0.0}
         if not micro:
             return {**stats, "skipped": float(n_seq - len(keep))}
         old: list[torch.Tensor] = []
@@ -327,6 +327,7 @@ class Trainer:
                         stats["entropy"] += float((entropy * mask).sum())
                         stats["logp_diff"] += _sampling_gap(rows, logps.detach())
                         stats["first_tokens"] += float(mask.sum())
+                        stats["sampled_tokens"] += sum(len(s.sampling_logps) for s in rows)
                     loss, ls = grpo_loss(
                         logps, old[k], advantages[chosen].to(logps.device), mask,
                         loss_type=cfg.loss_type, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
@@ -399,11 +400,12 @@ class Trainer:
             "clip_ratio/high_mean": update["high"] / tokens,
             "entropy": update["entropy"] / first_tokens,
             "grad_norm": update["grad_norm"],
-            "sampling/logp_abs_diff": update["logp_diff"] / first_tokens,
+            "sampling/logp_abs_diff": update["logp_diff"] / max(update["sampled_tokens"], 1.0),
             "update/skipped_samples": update["skipped"],
             "prompts/mean_tokens": sum(len(s.prompt_ids) for s in samples) / n,
             "prompts/truncated_ratio": sum(s.prompt_truncated for s in samples) / n,
             "generate_calls": float(batch.generate_calls),
+            **guidance_metrics(samples),
         }
 
     # ---- evaluation ------------------------------------------------------------------------------
@@ -475,7 +477,8 @@ class Trainer:
 
 
 def _sampling_gap(rows: list[Sample], logps: torch.Tensor) -> float:
-    """Token-summed |sampling log-prob - training log-prob| (a check of the sampler, not used in the loss)."""
+    """Token-summed |sampling log-prob - training log-prob| over sampled completions (a check of the
+    sampler, not used in the loss; guided completions have no sampling log-probs and add nothing)."""
     total = 0.0
     for i, s in enumerate(rows):
         n = len(s.sampling_logps)
@@ -502,7 +505,7 @@ def samples_frame(samples: list[Sample]) -> pl.DataFrame:
             "results": json.dumps([x.to_dict() for x in s.results], default=str),
             "memory": s.memory_json,
             "r1": r.r1, "r2": r.r2, "r3": r.r3, "r4": r.r4, "coverage": r.coverage, "holds_evidence": r.holds_evidence,
-            "reward": r.total, "advantage": s.advantage,
+            "reward": r.total, "advantage": s.advantage, "guided": s.guided,
             "calls": r.calls, "executed": r.executed, "valid": r.valid, "nothing_to_store": r.nothing_to_store,
             "prompt_tokens": len(s.prompt_ids), "completion_tokens": len(s.completion_ids), "truncated": s.truncated,
             "memory_tokens": s.memory_tokens, "memory_entries": s.memory_entries,
@@ -520,10 +523,29 @@ def rollout_memories(batch: RolloutBatch) -> list[dict]:
     ]
 
 
+def guidance_metrics(samples: list[Sample]) -> dict[str, float]:
+    """How the rule writer's guided candidates fared in their groups (`grpo.rule_guidance`): their mean
+    reward and advantage, and the share of groups where one beat every sampled candidate."""
+    guided = [s for s in samples if s.guided]
+    if not guided:
+        return {}
+    best_sampled: dict[tuple[int, int], float] = {}
+    for s in samples:
+        if not s.guided:
+            key = (s.instance_index, s.chunk)
+            best_sampled[key] = max(best_sampled.get(key, float("-inf")), s.reward.total)
+    return {
+        "guidance/reward": sum(s.reward.total for s in guided) / len(guided),
+        "guidance/advantage": sum(s.advantage for s in guided) / len(guided),
+        "guidance/beats_sampled": sum(s.reward.total > best_sampled[(s.instance_index, s.chunk)] for s in guided) / len(guided),
+    }
+
+
 def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
     """What a batch of rollouts did, computed the same way for training steps and for held-out
-    evaluation (there prefixed `eval/`): reward and its components, QA, completions, tool calls, memory."""
-    samples = batch.samples
+    evaluation (there prefixed `eval/`): reward and its components, QA, completions, tool calls, memory.
+    The policy's own samples only: guided candidates are the rule writer's (`guidance_metrics`)."""
+    samples = [s for s in batch.samples if not s.guided]
     n = max(len(samples), 1)
     calls = sum(s.reward.calls for s in samples)
     tools = Counter(r.name or "unparseable" for s in samples for r in s.results)

@@ -1,5 +1,5 @@
 """Step-level GRPO: G candidates from one shared memory state, advantages within them, the state
-advance rule, groups without signal skipped, exact resume."""
+advance rule, groups without signal skipped, exact resume, rule-writer guidance, curricula."""
 
 import json
 from types import SimpleNamespace
@@ -101,6 +101,72 @@ def test_step_level_resume_reproduces_the_uninterrupted_run(step_run, tmp_path):
     result, _ = resume_third_step(_step_config(data), run, results, tmp_path)
     assert json.loads(results[2].samples["memory"][0]) == json.loads(result.samples["memory"][0])
 
+
+def test_a_sample_advance_never_moves_to_the_guided_candidate():
+    group = [SimpleNamespace(reward=SimpleNamespace(total=t), guided=g) for t, g in ((0.5, False), (1.0, False), (3.0, True))]
+    assert {_advance(group, "sample", torch.Generator().manual_seed(s)) for s in range(40)} == {0, 1}
+    assert _advance(group, "best", None) == 2
+
+
+def test_rule_guidance_puts_the_rule_writers_completion_in_every_group(tmp_path, random_adapter):  # noqa: F811
+    from memalpha.memory import get_schema
+    from memalpha.rule_writer import RuleWriter
+
+    config = tiny_config(tmp_path, "data.max_chunks_per_instance=0", "grpo.sampling=step", "grpo.rule_guidance=true",
+                         "rollout.max_completion_length=64")  # room for the rule writer's calls
+    policy = _policy(config, random_adapter)
+    instances = make_instances()[:2]  # 3 and 2 chunks
+    batch = collect_step_rollouts(policy, instances, config, num_generations=G,
+                                  generator=torch.Generator().manual_seed(0), reader=make_reader(config.model))
+    assert len(batch.samples) == G * (3 + 2)
+    writer = RuleWriter(get_schema(config.memory.schema_name, config.memory.core_max_tokens))
+    eos = policy.tokenizer.eos_token_id
+    for start in range(0, len(batch.samples), G):
+        group = batch.samples[start : start + G]
+        assert [s.guided for s in group] == [False] * (G - 1) + [True]
+        sampled, guide = group[:-1], group[-1]
+        assert all(s.sampling_logps and len(s.sampling_logps) == len(s.completion_ids) for s in sampled)
+        assert guide.sampling_logps == [] and guide.completion_ids[-1] == eos and not guide.truncated
+        assert guide.prompt_ids == sampled[0].prompt_ids  # one state, one prompt
+        assert "allergic" not in guide.completion or guide.chunk == 0  # the writer saw this chunk
+    first = batch.samples[G - 1]
+    assert "allergic to hazelnuts" in first.completion and first.reward.coverage == 1.0
+    for b in range(2):
+        last = [s for s in batch.samples if s.instance_index == b][-G:]
+        followed = {s.memory_json for s in last if not s.guided}
+        assert batch.memories[b].to_json() in followed  # the state never moved to the guide
+
+
+def test_a_winning_guided_candidate_is_trained_towards(tmp_path, random_adapter):  # noqa: F811
+    from test_rollout import make_dataset
+
+    config = tiny_config(make_dataset(tmp_path / "data"), "grpo.sampling=step", "grpo.rule_guidance=true",
+                         "rollout.num_generations=3", "rollout.max_completion_length=64", "grpo.learning_rate=0.05", "grpo.steps=1", "grpo.eval_every=10")
+    trainer = Trainer(config, _run_dir(tmp_path, random_adapter))
+    winners, update = [], trainer._update
+
+    def sequence_logps(rows):
+        with torch.no_grad():
+            logps, _, mask = trainer._logps(rows, shared=False)
+        return (logps * mask).sum(1)
+
+    def recording_update(samples, advantages):
+        winners.extend(s for s, a in zip(samples, advantages.tolist()) if s.guided and a > 0)
+        winners.append(sequence_logps(winners))
+        return update(samples, advantages)
+
+    trainer._update = recording_update
+    result = trainer.train_step()
+    before = winners.pop()
+    assert winners and bool((sequence_logps(winners) > before).all())  # more likely after the update
+    frame, m = result.samples, result.metrics
+    guided = frame.filter(frame["guided"])
+    assert guided.height == frame.height // 3 and m["guidance/beats_sampled"] > 0
+    assert m["guidance/advantage"] == pytest.approx(guided["advantage"].mean())
+    own = frame.filter(~frame["guided"])
+    assert m["reward"] == pytest.approx(own["reward"].mean())  # the policy's metrics leave the guide out
+
+
 def _three_curriculum_steps(tmp_path, adapter, schedule: str) -> list:
     from test_rollout import make_dataset
 
@@ -152,6 +218,14 @@ def test_a_curriculum_the_data_cannot_follow_is_refused(kind, schedule, message)
 
     with pytest.raises(ConfigError, match=message):
         load_config(None, ["data.max_chunks_per_instance=2", f"data.{kind}_curriculum={schedule}"])
+
+
+@pytest.mark.parametrize("overrides", [["grpo.sampling=trajectory"], ["grpo.sampling=step", "rollout.num_generations=1"]])
+def test_rule_guidance_without_step_groups_is_refused(overrides):
+    from memalpha.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="grpo.rule_guidance needs grpo.sampling=step"):
+        load_config(None, ["grpo.rule_guidance=true", *overrides])
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
