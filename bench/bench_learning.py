@@ -30,6 +30,8 @@ TEST_INSTANCES = int(os.environ.get("MEMALPHA_BENCH_LEARNING_TEST_INSTANCES", "1
 REUSE_SFT = os.environ.get("MEMALPHA_BENCH_LEARNING_REUSE_SFT")
 """An earlier run's warm-start adapter folder (same SFT settings and seed, so the same adapter) to start
 from instead of training it again; the report says so and what that warm start cost."""
+EXTRA_OVERRIDES = os.environ.get("MEMALPHA_BENCH_LEARNING_OVERRIDES", "").split()
+"""Space-separated `key=value` overrides applied after the benchmark's own (a setting to compare)."""
 TEST_SEED = 7
 TEST_CHUNKS = 4
 SPREAD_SEEDS = (0, 1, 2)
@@ -95,7 +97,7 @@ def run() -> dict[str, Any]:
         shutil.rmtree(RUN_DIR)  # a fresh run: the curves must start at the warm start
     if REUSE_SFT:
         shutil.copytree(REUSE_SFT, RUN_DIR / SFT_DIR)
-    config = load_config(ROOT / "configs" / "default.yaml", [*OVERRIDES, f"grpo.steps={STEPS}",
+    config = load_config(ROOT / "configs" / "default.yaml", [*OVERRIDES, *EXTRA_OVERRIDES, f"grpo.steps={STEPS}",
                                                              f"grpo.checkpoint_every={STEPS}"])
     trainer = Trainer(config, RUN_DIR)
     warm_s = time.perf_counter() - started
@@ -121,7 +123,7 @@ def run() -> dict[str, Any]:
             break
         result = trainer.train_step()
         curve.append({"step": result.step, **{k: result.metrics[k] for k in CURVE_KEYS},
-                      **{k: v for k, v in result.metrics.items() if k.startswith(("eval/qa", "warm_start/eval/qa"))}})
+                      **{k: v for k, v in result.metrics.items() if k.startswith(("eval/qa", "warm_start/eval/qa", "guidance/"))}})
         rate = (time.perf_counter() - grpo_started) / result.step
         print(f"step {result.step}/{STEPS} reward {result.metrics['reward']:.3f} coverage "
               f"{result.metrics['rewards/coverage/mean']:.3f} ({rate:.0f} s/step, ETA "
@@ -142,7 +144,7 @@ def run() -> dict[str, Any]:
             "no_stale_conflict_answers": trained["stale_answers"] == 0,
         },
         "settings": {
-            "config": "configs/default.yaml", "overrides": OVERRIDES, "B": config.rollout.instances_per_step,
+            "config": "configs/default.yaml", "overrides": OVERRIDES + EXTRA_OVERRIDES, "B": config.rollout.instances_per_step,
             "G": config.rollout.num_generations, "learning_rate": config.grpo.learning_rate,
             "test_instances": len(instances), "test_seed": TEST_SEED, "test_chunks": TEST_CHUNKS,
             "test_questions": sum(len(i.questions) for i in instances), "reader": config.model.reader,
