@@ -32,7 +32,7 @@ def test_advantages_are_normalised_over_the_candidates_of_one_state():
 
 
 def test_the_state_advances_to_a_drawn_or_the_best_candidate():
-    group = [SimpleNamespace(reward=SimpleNamespace(total=t)) for t in (0.5, 2.0, 2.0, 1.0)]
+    group = [SimpleNamespace(reward=SimpleNamespace(total=t), guided=False) for t in (0.5, 2.0, 2.0, 1.0)]
     assert _advance(group, "best", None) == 1  # the first of the tied best
     draws = [_advance(group, "sample", torch.Generator().manual_seed(s)) for s in range(40)]
     assert set(draws) == {0, 1, 2, 3}
