@@ -40,7 +40,7 @@ RUN_DIR = ROOT / "runs" / "bench-learning"
 PLOT = ROOT / "bench" / "results" / "learning.png"
 OVERRIDES = [
     f"output_dir={RUN_DIR}", "data.train_path=data/synth-ar-cr", f"data.competencies=[{', '.join(COMPETENCIES)}]", "grpo.sampling=step",
-    "grpo.eval_every=10", "grpo.loss_type=dr_grpo", "eval.max_instances=8", "eval.batch_size=16", "sft.num_demonstrations=96", "sft.epochs=4", "sft.eval_chunks=16",
+    "grpo.eval_every=10", "grpo.loss_type=dr_grpo", "eval.max_instances=8", "eval.batch_size=16", "sft.num_demonstrations=192", "sft.epochs=2", "sft.eval_chunks=16",
     # demonstrations and held-out checks from all 4 chunks, as tested; GRPO grows from 2 to 4 chunks
     "data.max_chunks_per_instance=4", "data.chunk_curriculum=[[0, 2], [15, 4]]",
 ]
