@@ -23,7 +23,7 @@ from memalpha.generation import Generation, generate
 from memalpha.memory import MemoryStore, get_schema
 from memalpha.parsing import ParseResult
 from memalpha.rewards import RewardBreakdown
-from memalpha.rule_writer import RuleWriter
+from memalpha.rule_writer import RuleWriter, rule_writer_for
 from memalpha.tools import ToolResult
 
 
@@ -200,7 +200,8 @@ def collect_step_rollouts(
     are shared by every candidate of a group, so they would cancel in its advantage and are left out of it.
     """
     G = num_generations
-    guide = _guide_writer(policy, config) if config.grpo.rule_guidance else None
+    # one token of the guide's budget is left for the end-of-turn token a sampled completion ends with
+    guide = rule_writer_for(config, policy.count_tokens, reserve_tokens=1) if config.grpo.rule_guidance else None
     drawn = G - 1 if guide else G
     states = _new_episodes(policy, instances, config, 1)
     chosen: list[list[Sample]] = [[] for _ in instances]
@@ -237,12 +238,6 @@ def collect_step_rollouts(
     batch.reward_s = time.perf_counter() - start
     batch.trace = rollout_trace(batch, chosen[0], 0) if chosen else {}
     return batch
-
-
-def _guide_writer(policy, config: RunConfig) -> RuleWriter:
-    schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
-    # one token of the budget is left for the end-of-turn token a sampled completion ends with
-    return RuleWriter(schema, max_completion_tokens=config.rollout.max_completion_length - 1, count_tokens=policy.count_tokens)
 
 
 def _guide_draft(writer: RuleWriter, state: Episode, tokenizer) -> tuple[str, list[int], list[float], bool]:

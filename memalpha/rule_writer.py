@@ -21,13 +21,17 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from memalpha.episode import Episode, Step
-from memalpha.memory.schema import MemorySchema
+from memalpha.memory.schema import MemorySchema, get_schema
 from memalpha.memory.store import MemoryStore, normalize_content
 from memalpha.parsing import NOTHING_TO_STORE
 from memalpha.text import MONTHS, WEEKDAYS
 from memalpha.tokens import TokenCounter, regex_token_count
+
+if TYPE_CHECKING:
+    from memalpha.config import RunConfig
 
 _HEADER = re.compile(r"^The following is (?:a conversation(?: from (?P<date>.+?))?|part of a document)\. Please remember it\.\s*$")
 _LATER = re.compile(r"^Later, on (?P<date>.+?):\s*$")
@@ -291,6 +295,14 @@ _TOPICS: dict[str, frozenset[str]] = {
 
 _PROFILE = re.compile(r"\b(?:lives in|is in|moved (?:from \S+(?: \S+){0,3} )?to|works (?:as|at|for)|is an? |joined)\b")
 _CORE_NAMES = re.compile(r"^(?:Conversation between (?P<many>.+?)|Notes about (?P<one>.+?))\.")
+
+
+def rule_writer_for(config: RunConfig, count_tokens: TokenCounter, reserve_tokens: int = 0) -> RuleWriter:
+    """The rule writer of a run: its memory schema, and the rollout's completion budget less
+    `reserve_tokens`."""
+    schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
+    return RuleWriter(schema, max_completion_tokens=config.rollout.max_completion_length - reserve_tokens,
+                      count_tokens=count_tokens)
 
 
 def _core_names(core: str) -> list[str]:

@@ -22,7 +22,7 @@ from memalpha.data.schema import Instance
 from memalpha.episode import Episode
 from memalpha.memory.schema import get_schema
 from memalpha.parsing import NOTHING_TO_STORE
-from memalpha.rule_writer import RuleWriter, run_rule_writer
+from memalpha.rule_writer import rule_writer_for, run_rule_writer
 from memalpha.tokens import tokenizer_counter
 
 
@@ -76,7 +76,7 @@ def build_demonstrations(
     stats = stats if stats is not None else DemoStats()
     counter = tokenizer_counter(tokenizer)
     schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
-    writer = RuleWriter(schema, max_completion_tokens=config.rollout.max_completion_length, count_tokens=counter)
+    writer = rule_writer_for(config, counter)
     store_demos: list[Demonstration] = []
     skip_demos: list[Demonstration] = []
     results_ok: list[bool] = []
@@ -118,7 +118,7 @@ def extraction_probes(instances: list[Instance], config: RunConfig, tokenizer, c
     the instances), each with the memory the rule writer built before it."""
     counter = tokenizer_counter(tokenizer)
     schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
-    writer = RuleWriter(schema, max_completion_tokens=config.rollout.max_completion_length, count_tokens=counter)
+    writer = rule_writer_for(config, counter)
     probes: list[Probe] = []
     for instance in instances:
         episode = Episode(instance, schema, config.memory, config.retrieval, counter, tokenizer)
