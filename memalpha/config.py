@@ -213,6 +213,9 @@ class SFTConfig(_Section):
     """Stop after this many optimizer steps (0 = run the full epochs)."""
     nothing_to_store_share: float = Field(0.25, ge=0, le=1)
     """Share of NOTHING_TO_STORE demonstrations (small-talk chunks) in the sample."""
+    update_share: float = Field(0.0, ge=0, le=1)
+    """Least share of demonstrations that update a stored entry (conflicting chunks); 0 draws them in
+    proportion with the other writes."""
     eval_chunks: int = Field(24, ge=0)
     """Held-out validation chunks on which extraction is measured after every epoch (0: none, no early stop)."""
     patience: int = Field(1, ge=1)

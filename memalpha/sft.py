@@ -21,7 +21,7 @@ from memalpha.config import RunConfig, SFTConfig
 from memalpha.data.schema import Instance
 from memalpha.episode import Episode
 from memalpha.memory.schema import get_schema
-from memalpha.parsing import NOTHING_TO_STORE
+from memalpha.parsing import NOTHING_TO_STORE, parse_tool_calls
 from memalpha.rule_writer import rule_writer_for, run_rule_writer
 from memalpha.tokens import tokenizer_counter
 
@@ -41,6 +41,12 @@ class Demonstration:
     def nothing_to_store(self) -> bool:
         return self.completion.strip() == NOTHING_TO_STORE
 
+    @property
+    def updates_entry(self) -> bool:
+        """The completion rewrites a stored list entry (what a conflicting chunk needs)."""
+        return any(call.name == "memory_update" and call.arguments.get("memory_id")
+                   for call in parse_tool_calls(self.completion).calls)
+
 
 @dataclass
 class DemoStats:
@@ -49,6 +55,7 @@ class DemoStats:
     chunks: int = 0
     kept: int = 0
     nothing_to_store: int = 0
+    updates: int = 0
     too_long: int = 0
     calls_ok: float = 0.0
 
@@ -60,6 +67,7 @@ def build_demonstrations(
     *,
     count: int | None = None,
     nothing_share: float | None = None,
+    update_share: float | None = None,
     seed: int = 0,
     stats: DemoStats | None = None,
 ) -> list[Demonstration]:
@@ -70,9 +78,12 @@ def build_demonstrations(
     `count` (default `sft.num_demonstrations`) is drawn with `nothing_share` (default
     `sft.nothing_to_store_share`) of NOTHING_TO_STORE chunks
     (when there are enough), so the model learns to skip small talk without learning to skip everything.
+    With `update_share` (default `sft.update_share`) above 0, at least that share are chunks where the
+    rule writer updates a stored entry (conflicts are rarer than new facts).
     """
     count = config.sft.num_demonstrations if count is None else count
     nothing_share = config.sft.nothing_to_store_share if nothing_share is None else nothing_share
+    update_share = config.sft.update_share if update_share is None else update_share
     stats = stats if stats is not None else DemoStats()
     counter = tokenizer_counter(tokenizer)
     schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
@@ -97,10 +108,16 @@ def build_demonstrations(
     n_skip = min(len(skip_demos), round(count * nothing_share))
     n_store = min(len(store_demos), count - n_skip)
     n_skip = min(len(skip_demos), count - n_store)  # top up with skips when writes run short
-    chosen = rng.sample(store_demos, n_store) + rng.sample(skip_demos, n_skip)
+    update_demos = [d for d in store_demos if d.updates_entry]
+    n_update = min(len(update_demos), n_store, round(count * update_share))
+    updates = rng.sample(update_demos, n_update)
+    taken = {id(d) for d in updates}
+    chosen = updates + rng.sample([d for d in store_demos if id(d) not in taken], n_store - n_update)
+    chosen += rng.sample(skip_demos, n_skip)
     rng.shuffle(chosen)
     stats.kept = len(chosen)
     stats.nothing_to_store = n_skip
+    stats.updates = sum(d.updates_entry for d in chosen)
     stats.calls_ok = sum(results_ok) / len(results_ok) if results_ok else 0.0
     return chosen
 

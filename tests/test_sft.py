@@ -66,6 +66,20 @@ def test_demonstrations_drop_pairs_that_would_be_truncated(instances):
     assert all(d.prompt_tokens + d.completion_tokens <= 300 for d in demos)
 
 
+def test_update_share_draws_conflicting_chunks_first():
+    config = load_config(None, OVERRIDES)
+    policy = load_policy(config.model)
+    conflicts = generate(SynthConfig(instances=6, chunks_per_instance=(4,), chunk_tokens=128,
+                                     competencies=("conflict_resolution",), seed=5))
+    proportional, weighted = DemoStats(), DemoStats()
+    build_demonstrations(conflicts, config, policy.tokenizer, count=8, nothing_share=0.0, update_share=0.0, stats=proportional)
+    demos = build_demonstrations(conflicts, config, policy.tokenizer, count=8, nothing_share=0.0, update_share=1.0, stats=weighted)
+    updating = [d for d in demos if d.updates_entry]
+    assert weighted.updates == len(updating) == 8 > proportional.updates
+    for demo in updating:
+        assert any(c.name == "memory_update" and c.arguments["memory_id"] for c in parse_tool_calls(demo.completion).calls)
+
+
 def _short_demos(policy) -> list[Demonstration]:
     """Short prompt/completion pairs in the rollout format (the tiny model's 49K-token vocabulary makes
     long sequences slow on a shared CPU)."""

@@ -45,7 +45,7 @@ def _run(args) -> int:
     demos = build_demonstrations(instances, config, policy.tokenizer, seed=config.grpo.seed, stats=stats)
     print(
         f"demonstrations: {stats.kept} from {stats.chunks} chunks of {len(instances)} instances "
-        f"({stats.nothing_to_store} nothing-to-store, {stats.too_long} longer than sft.max_length dropped)",
+        f"({stats.nothing_to_store} nothing-to-store, {stats.updates} updating an entry, {stats.too_long} longer than sft.max_length dropped)",
         flush=True,
     )
     if not demos:

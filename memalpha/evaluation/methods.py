@@ -35,7 +35,7 @@ from memalpha.errors import UserError
 from memalpha.memory import MemoryStore, get_schema, reader_view, truncate_to_tokens
 from memalpha.models.policy import ADAPTER_CONFIG
 from memalpha.retrieval import ChunkIndex, MemoryIndex
-from memalpha.rule_writer import RuleWriter, run_rule_writer
+from memalpha.rule_writer import rule_writer_for, run_rule_writer
 from memalpha.tokens import TokenCounter
 
 if TYPE_CHECKING:
@@ -206,9 +206,7 @@ class RuleWriterMethod(Method):
 
     def build(self, instances: list[Instance], seed: int) -> list[Built]:
         cfg = self.env.config
-        writer = RuleWriter(
-            self.env.schema, max_completion_tokens=cfg.rollout.max_completion_length, count_tokens=self.env.count_tokens
-        )
+        writer = rule_writer_for(cfg, self.env.count_tokens)
         built = []
         for inst in instances:
             episode = Episode(inst, self.env.schema, cfg.memory, cfg.retrieval, self.env.count_tokens,
