@@ -3,10 +3,14 @@
 configs/default.yaml with the settings below (step-level GRPO on synthetic accurate-retrieval and
 conflict-resolution data). The warm start measures held-out extraction after every SFT epoch and stops
 on a plateau; GRPO then runs until `STEPS` steps or until the time left only fits the final evaluation
-(the whole run stays within `BUDGET_S`). Held-out comparison: `TEST_INSTANCES` instances generated with
-seed `TEST_SEED` (training data uses seed 0), all greedy, the evidence reader and the same retrieval
-budget for every method: warm start, trained policy, rule writer, BM25 RAG top-2, long context. A
-policy's `qa_spread` is the std over 3 evaluations sampled at temperature 1, measured at the end for
+(the whole run stays within `BUDGET_S`). Training data: `TRAIN_INSTANCES` instances from the synthetic
+generator with seed `TRAIN_SEED`, shaped like the test set (`TEST_CHUNKS` chunks each, the same
+competencies), prepared once into `TRAIN_DATA`. Held-out comparison: `TEST_INSTANCES` instances generated
+with seed `TEST_SEED`, all greedy, the evidence reader and the same retrieval
+budget for every method: warm start, trained policy, rule writer, BM25 RAG top-2, long context. The
+trained policy is the adapter with the best validation QA (greedy, evaluated every `grpo.eval_every`
+steps and after the last; the warm start competes too), and the last step's adapter is reported beside
+it as `trained_last` when they differ. A policy's `qa_spread` is the std over 3 evaluations sampled at temperature 1, measured at the end for
 both policies (the time they take is reserved from the start). Writes learning.json, learning.md and
 learning.png (SFT curve, GRPO curve with held-out QA, the comparison).
 
@@ -36,17 +40,39 @@ TEST_SEED = 7
 TEST_CHUNKS = 4
 SPREAD_SEEDS = (0, 1, 2)
 COMPETENCIES = ("accurate_retrieval", "conflict_resolution")
+TRAIN_SEED = 0
+TRAIN_INSTANCES = 256
+TRAIN_DATA = ROOT / "data" / "bench-learning"
 RUN_DIR = ROOT / "runs" / "bench-learning"
 PLOT = ROOT / "bench" / "results" / "learning.png"
 OVERRIDES = [
-    f"output_dir={RUN_DIR}", "data.train_path=data/synth-ar-cr", f"data.competencies=[{', '.join(COMPETENCIES)}]", "grpo.sampling=step",
-    "grpo.eval_every=10", "grpo.loss_type=dr_grpo", "eval.max_instances=8", "eval.batch_size=16", "sft.num_demonstrations=192", "sft.epochs=2", "sft.eval_chunks=16",
+    f"output_dir={RUN_DIR}", f"data.train_path={TRAIN_DATA}", f"data.competencies=[{', '.join(COMPETENCIES)}]", "grpo.sampling=step",
+    "grpo.eval_every=5", "grpo.loss_type=dr_grpo", "eval.max_instances=8", "eval.batch_size=16", "sft.num_demonstrations=384", "sft.epochs=1", "sft.eval_chunks=32",
     # demonstrations and held-out checks from all 4 chunks, as tested; GRPO grows from 2 to 4 chunks
     "data.max_chunks_per_instance=4", "data.chunk_curriculum=[[0, 2], [15, 4]]",
 ]
 READER_NOTE = {"evidence": " (it answers whenever a gold answer occurs in the context: an upper bound for methods that keep raw text)"}
+HELD_OUT_KEYS = ("eval/qa", "warm_start/eval/qa", "best/", "guidance/")
 CURVE_KEYS = ("reward", "qa_score", "rewards/coverage/mean", "rewards/r2/mean", "rewards/r4/mean",
               "tool_calls/success_rate", "tool_calls/nothing_to_store", "frac_reward_zero_std", "timing/step_s")
+
+
+def training_data() -> Path:
+    """TRAIN_DATA, generated and prepared (validated, split) unless it already holds this generator config."""
+    from memalpha.config import load_config
+    from memalpha.data.prep import synthesize
+    from memalpha.data.synth import SynthConfig, config_dict
+    from memalpha.models.loading import default_model_dir, load_tokenizer
+
+    cfg = SynthConfig(instances=TRAIN_INSTANCES, chunks_per_instance=(TEST_CHUNKS,), chunk_tokens=512,
+                      competencies=COMPETENCIES, seed=TRAIN_SEED)
+    manifest = TRAIN_DATA / "manifest.json"
+    if manifest.is_file() and json.loads(manifest.read_text()).get("synth") == config_dict(cfg):
+        return TRAIN_DATA
+    tokenizer = str(default_model_dir())
+    synthesize(TRAIN_DATA, cfg, tokenizer=load_tokenizer(tokenizer), tokenizer_name=tokenizer,
+               data_cfg=load_config(ROOT / "configs" / "default.yaml").data, overwrite=True)
+    return TRAIN_DATA
 
 
 def test_instances(tokenizer) -> list:
@@ -89,10 +115,12 @@ def spread(config, instances, model: Path) -> dict[str, Any]:
 
 
 def run() -> dict[str, Any]:
+    from memalpha.checkpoint import read_best
     from memalpha.config import load_config
     from memalpha.trainer import SFT_DIR, Trainer
 
     started = time.perf_counter()
+    training_data()
     if RUN_DIR.exists():
         shutil.rmtree(RUN_DIR)  # a fresh run: the curves must start at the warm start
     if REUSE_SFT:
@@ -114,8 +142,9 @@ def run() -> dict[str, Any]:
 
     curve: list[dict] = []
     grpo_started = time.perf_counter()
-    # the final evaluations: the trained policy greedy, then 3 sampled runs of each policy; and a margin
-    reserve = 7 * policy_eval_s + 120
+    # the final evaluations: a last validation, the selected and the last policy greedy, 3 sampled runs
+    # of each policy; and a margin
+    reserve = 8 * policy_eval_s + 180
     while trainer.step < STEPS:
         elapsed = time.perf_counter() - started
         per_step = (time.perf_counter() - grpo_started) / trainer.step if trainer.step else 0.0
@@ -123,20 +152,26 @@ def run() -> dict[str, Any]:
             break
         result = trainer.train_step()
         curve.append({"step": result.step, **{k: result.metrics[k] for k in CURVE_KEYS},
-                      **{k: v for k, v in result.metrics.items() if k.startswith(("eval/qa", "warm_start/eval/qa", "guidance/"))}})
+                      **{k: v for k, v in result.metrics.items() if k.startswith(HELD_OUT_KEYS)}})
         rate = (time.perf_counter() - grpo_started) / result.step
         print(f"step {result.step}/{STEPS} reward {result.metrics['reward']:.3f} coverage "
               f"{result.metrics['rewards/coverage/mean']:.3f} ({rate:.0f} s/step, ETA "
               f"{rate * (STEPS - result.step) / 60:.1f} min)", flush=True)
+    if curve and not config.grpo.is_eval_step(trainer.step):
+        curve[-1].update({k: v for k, v in trainer.validate().items() if k.startswith(HELD_OUT_KEYS)})
     checkpoint = trainer.save_checkpoint()
-    methods["trained"] = compare(config, instances, "policy", checkpoint / "adapter")
-    methods["trained"].update(spread(config, instances, checkpoint / "adapter"))
+    best = read_best(RUN_DIR) or {"step": 0, "score": float("nan")}  # no GRPO step ran: the warm start
+    selected = trainer.best_adapter or RUN_DIR / SFT_DIR
+    methods["trained"] = compare(config, instances, "policy", selected)
+    methods["trained"].update(spread(config, instances, selected))
+    if best["step"] != trainer.step:
+        methods["trained_last"] = compare(config, instances, "policy", checkpoint / "adapter")
     methods["warm_start"].update(spread(config, instances, RUN_DIR / SFT_DIR))
     trained, warm, rag = methods["trained"], methods["warm_start"], methods["rag"]
     results = {
         "methods": methods,
         "sft_epochs": sft.get("epochs", []), "sft_best_epoch": sft.get("best_epoch"), "sft_steps": sft.get("steps"),
-        "grpo_steps": trainer.step, "curve": curve,
+        "grpo_steps": trainer.step, "selected_step": best["step"], "selected_validation_qa": best["score"], "curve": curve,
         "targets": {
             "trained_beats_warm_start_by_3_spread": trained["qa"] - warm["qa"] > 3 * max(trained["qa_spread"], warm["qa_spread"]),
             "trained_at_least_rag": trained["qa"] >= rag["qa"],
@@ -210,7 +245,10 @@ def to_markdown(results: dict[str, Any]) -> str:
         f"({s['warm_start_seconds']} s with setup"
         + (f"; the adapter was reused from {s['warm_start_reused_from']}, whose run trained it" if s.get("warm_start_reused_from") else "")
         + f"); {results['grpo_steps']} GRPO steps in {s['grpo_seconds']} s; "
-        f"{s['total_seconds'] / 60:.1f} min in all (budget {s['budget_seconds'] / 60:.0f} min).", "",
+        f"{s['total_seconds'] / 60:.1f} min in all (budget {s['budget_seconds'] / 60:.0f} min). "
+        f"`trained` is the adapter with the best validation QA: step {results['selected_step']} "
+        f"(validation QA {results['selected_validation_qa']:.3f}; step 0 is the warm start)"
+        + (", `trained_last` the last step's." if "trained_last" in results["methods"] else ", the last step's too."), "",
         f"Held-out test: {s['test_instances']} instances ({s['test_questions']} questions) of "
         f"{', '.join(COMPETENCIES)}, {s['test_chunks']} chunks each, generator seed {s['test_seed']}; greedy; "
         f"{s['reader']} reader{READER_NOTE.get(s['reader'], '')}; {s['retrieval']}. qa_spread: {s['qa_spread']}.", "",

@@ -6,6 +6,9 @@ Layout of `run_dir/checkpoints/step-000010/`:
     rng.pt              python, numpy, torch and the rollout sampler's generator states
     state.json          step, data position, config training hash, metrics of steps 1..step
 A checkpoint is written into a temporary folder and renamed, so a crash never leaves a partial one.
+
+`run_dir/best/` holds the adapter with the best held-out QA seen so far (the warm start included) and
+`best.json` (its step and score): model selection on the validation split, for the test set to judge.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import torch
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "state.json"
 ADAPTER = "adapter"
+BEST = "best"
+BEST_FILE = "best.json"
 
 
 @dataclass
@@ -94,6 +99,30 @@ def save_checkpoint(
         shutil.rmtree(final)
     tmp.rename(final)
     return final
+
+
+def save_best(run_dir: Path, policy, step: int, score: float) -> Path:
+    """Replace run_dir/best with the policy's adapter and its held-out score; the old one stays whole
+    until the new one is complete."""
+    final = Path(run_dir) / BEST
+    tmp = final.with_name(f".tmp-{BEST}-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    policy.save_adapter(tmp / ADAPTER)
+    (tmp / BEST_FILE).write_text(json.dumps({"step": step, "score": score}))
+    old = final.with_name(f".old-{BEST}-{os.getpid()}")
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def read_best(run_dir: Path) -> dict[str, Any] | None:
+    """{"step", "score"} of run_dir/best, or None before any held-out evaluation."""
+    path = Path(run_dir) / BEST / BEST_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

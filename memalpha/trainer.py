@@ -28,7 +28,8 @@ import numpy as np
 import polars as pl
 import torch
 
-from memalpha.checkpoint import CheckpointState, latest_checkpoint, load_checkpoint, read_state, save_checkpoint
+from memalpha.checkpoint import (ADAPTER, BEST, CheckpointState, latest_checkpoint, load_checkpoint, read_best, read_state,
+                                 save_best, save_checkpoint)
 from memalpha.config import RunConfig, training_fields
 from memalpha.data.schema import Instance
 from memalpha.episode import thin_distractors, truncate_for_training
@@ -247,7 +248,7 @@ class Trainer:
         cfg = self.config.grpo
         started = time.perf_counter()
         # the policy before any update: the baseline the held-out curve starts from
-        before = {f"warm_start/{k}": v for k, v in self.evaluate("validation").items()} if self.step == 0 else {}
+        before = {f"warm_start/{k}": v for k, v in self.validate().items()} if self.step == 0 else {}
         instances = self._next_instances()
         distractors_kept = self.curriculum_distractors()
         collect = collect_step_rollouts if cfg.sampling == "step" else collect_rollouts
@@ -285,7 +286,7 @@ class Trainer:
             "data/dropped_instances": float(self.dropped_instances.get("train", 0)),
         })
         if cfg.is_eval_step(self.step):
-            metrics.update(self.evaluate("validation"))
+            metrics.update(self.validate())
         self.history.append({"step": self.step, **metrics})
         with open(self.run_dir / METRICS_FILE, "a") as fh:
             fh.write(json.dumps({"step": self.step, **metrics}) + "\n")
@@ -424,6 +425,21 @@ class Trainer:
         batch = collect_rollouts(self.policy, instances, self.config, num_generations=1, generator=None,
                                  reader=self.reader, judge=self.judge, greedy=True, reader_view_mode="retrieve")
         return evaluation_metrics(batch, time.perf_counter() - started)
+
+    def validate(self) -> dict[str, float]:
+        """`evaluate` on the validation split, keeping the adapter in run_dir/best when its QA beats every
+        earlier one (at step 0 the warm start is the first); adds `best/step` and `best/qa_score`."""
+        metrics = self.evaluate("validation")
+        best = read_best(self.run_dir)
+        if self.step == 0 or best is None or metrics["eval/qa_score"] > best["score"]:
+            save_best(self.run_dir, self.policy, self.step, metrics["eval/qa_score"])
+            best = {"step": self.step, "score": metrics["eval/qa_score"]}
+        return {**metrics, "best/step": float(best["step"]), "best/qa_score": best["score"]}
+
+    @property
+    def best_adapter(self) -> Path | None:
+        """The adapter with the best validation QA so far (None before the first evaluation)."""
+        return self.run_dir / BEST / ADAPTER if read_best(self.run_dir) else None
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:

@@ -174,4 +174,4 @@ def metric_series(run_id: str, key: str) -> list[tuple[int, float]]:
 DESCRIPTION_TAG = "mlflow.note.content"
 """The tag the MLflow UI shows as a run's description."""
 VALIDATION_KEY = "eval/qa_score"
-"""The validation score the best checkpoint and the champion are chosen by (the QA score, r1's metric)."""
+"""The validation score the best adapter and the champion are chosen by (the QA score, r1's metric)."""

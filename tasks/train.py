@@ -21,14 +21,13 @@ import polars as pl
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from memalpha.checkpoint import ADAPTER, checkpoint_dir, step_name
+from memalpha.checkpoint import ADAPTER, BEST, checkpoint_dir, step_name
 from memalpha.config import GRPOConfig, RunConfig
 from tasks import plots, tracking
 
 FAIL_AT_STEP_ENV = "MEMALPHA_FAIL_AT_STEP"
 """Failure injection for tests: raise once, after this training step and before its checkpoint."""
 RUN_ID_FILE = "mlflow_run_id"
-BEST_FILE = "best.json"
 STAGING = "staging"
 TEXT_COLUMNS = ("prompt", "completion", "parsed_calls", "results", "memory")
 MODEL_REQUIREMENTS = ("torch", "transformers", "peft", "tokenizers", "safetensors")
@@ -178,17 +177,15 @@ def _log_trace(run_id: str, trace: Any, step: int) -> None:
         random.setstate(training_state)
 
 
-def _update_best(run_dir: Path, run_id: str, step: int, metrics: dict[str, float], key: str) -> None:
-    if key not in metrics:
+def _tag_best(run_dir: Path, run_id: str, metrics: dict[str, float]) -> None:
+    """Mirror the trainer's choice (Trainer.validate keeps the best adapter by validation QA) as run tags."""
+    if "best/step" not in metrics:
         return
-    best_file = run_dir / BEST_FILE
-    best = json.loads(best_file.read_text()) if best_file.exists() else None
-    if best is None or metrics[key] > best["value"]:
-        checkpoint = str(checkpoint_dir(run_dir, step))
-        best = {"step": step, "metric": key, "value": metrics[key], "checkpoint": checkpoint}
-        best_file.write_text(json.dumps(best, indent=1))
-        tracking.set_tags(run_id, {"memalpha.best_checkpoint": f"{checkpoint} ({key}={metrics[key]:.4f} at step {step})",
-                                   "memalpha.best_step": step})
+    step = int(metrics["best/step"])
+    tracking.set_tags(run_id, {
+        "memalpha.best_checkpoint": f"{run_dir / BEST / ADAPTER} ({tracking.VALIDATION_KEY}={metrics['best/qa_score']:.4f} at step {step})",
+        "memalpha.best_step": step,
+    })
 
 
 def publish_block(config: RunConfig, run_dir: Path, run_id: str, first: int, last: int, checkpoint: Path) -> int:
@@ -216,7 +213,7 @@ def publish_block(config: RunConfig, run_dir: Path, run_id: str, first: int, las
             _log_trace(run_id, json.loads((folder / "trace.json").read_text()), step)
         # metrics last: once the sentinel is in, the step counts as published
         tracking.log_step_metrics(run_id, step, record["metrics"], record["time_ms"])
-        _update_best(run_dir, run_id, step, record["metrics"], tracking.VALIDATION_KEY)
+        _tag_best(run_dir, run_id, record["metrics"])
         published += 1
     client.log_artifacts(run_id, str(checkpoint), f"checkpoints/{checkpoint.name}")
     tracking.set_tags(run_id, {"memalpha.last_checkpoint": str(checkpoint)})

@@ -41,7 +41,7 @@ def _samples(step: int) -> pl.DataFrame:
 
 def _result(step: int, with_eval: bool = False) -> SimpleNamespace:
     metrics = {"reward": 1.0 + step / 10, "rewards/r1/mean": 0.5, "memory/tokens": 10.0 * step, "tool_calls/success_rate": 0.5,
-               "bad": float("nan"), **({"eval/qa_score": 0.1 * step} if with_eval else {})}
+               "bad": float("nan"), **({"eval/qa_score": 0.1 * step, "best/step": float(step), "best/qa_score": 0.1 * step} if with_eval else {})}
     trace = {"name": "rollout", "inputs": {"instance": "i0"}, "children": [
         {"name": "chunk-0", "children": [{"name": "generation", "span_type": "LLM", "outputs": {"text": "x"}},
                                          {"name": "memory_insert", "span_type": "TOOL", "outputs": {"ok": True}}]}]}
@@ -126,6 +126,7 @@ def test_publish_logs_each_step_once_even_when_repeated(store, tmp_path):
     assert [s.name for s in traces[0].data.spans] == ["rollout", "chunk-0", "generation", "memory_insert"]
     tags = client.get_run(run_id).data.tags
     assert tags["memalpha.best_step"] == "2" and tags["memalpha.last_checkpoint"] == str(checkpoint)
+    assert tags["memalpha.best_checkpoint"] == f"{run_dir / 'best' / 'adapter'} (eval/qa_score=0.2000 at step 2)"
     assert client.get_run(run_id).info.status == "RUNNING"  # tracing did not end the run
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from memalpha.checkpoint import read_best
 from memalpha.errors import UserError
 from memalpha.trainer import METRICS_FILE, SFT_DIR, Trainer
 from test_rollout import make_dataset, random_adapter, tiny_config  # noqa: F401  (fixture re-export)
@@ -121,6 +122,35 @@ def test_evaluate_is_greedy_and_does_not_touch_training_randomness(finished):
     assert torch.equal(state, trainer.generator.get_state())
     assert _stable(first) == _stable(second)
     assert first["eval/instances"] == 2 and "eval/qa_score" in first
+
+
+def test_validation_keeps_the_adapter_with_the_best_qa(finished, monkeypatch):
+    _, run, trainer, results = finished
+    warm, final = results[0].metrics["warm_start/eval/qa_score"], results[-1].metrics["eval/qa_score"]
+    kept = {"step": 3, "score": final} if final > warm else {"step": 0, "score": warm}  # ties keep the earlier
+    assert read_best(run) == kept and results[-1].metrics["best/step"] == kept["step"]
+    assert trainer.best_adapter == run / "best" / "adapter"
+
+    weights = run / "best" / "adapter" / "adapter_model.safetensors"
+    lora = trainer.policy.trainable_parameters()[0]
+    original = lora.detach().clone()
+    scores = iter([kept["score"] + 1.0, kept["score"] + 0.5])
+    monkeypatch.setattr(trainer, "evaluate", lambda split="validation": {"eval/qa_score": next(scores)})
+    try:
+        previous = weights.read_bytes()
+        with torch.no_grad():
+            lora.add_(1.0)
+        better = trainer.validate()
+        assert better["best/step"] == 3 and read_best(run)["score"] == kept["score"] + 1.0
+        assert weights.read_bytes() != previous
+        previous = weights.read_bytes()
+        with torch.no_grad():
+            lora.add_(1.0)
+        worse = trainer.validate()  # a lower score leaves the kept adapter as it was
+        assert worse["best/qa_score"] == kept["score"] + 1.0 and weights.read_bytes() == previous
+    finally:
+        with torch.no_grad():
+            lora.copy_(original)
 
 
 @pytest.mark.slow
