@@ -171,6 +171,7 @@ def run() -> dict[str, Any]:
     results = {
         "methods": methods,
         "sft_epochs": sft.get("epochs", []), "sft_best_epoch": sft.get("best_epoch"), "sft_steps": sft.get("steps"),
+        "sft_losses": sft.get("losses", []),
         "grpo_steps": trainer.step, "selected_step": best["step"], "selected_validation_qa": best["score"], "curve": curve,
         "targets": {
             "trained_beats_warm_start_by_3_spread": trained["qa"] - warm["qa"] > 3 * max(trained["qa_spread"], warm["qa_spread"]),
@@ -207,11 +208,13 @@ def plot(results: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     fig, (sft_ax, grpo_ax, bars) = plt.subplots(1, 3, figsize=(16, 4.5), gridspec_kw={"width_ratios": [1, 2, 1.4]})
+    losses = results.get("sft_losses", [])
+    sft_ax.plot(range(1, len(losses) + 1), losses, color="lightgray", label="training loss")
     epochs = results["sft_epochs"]
     for key in ("evidence_recall", "valid_calls", "skip_accuracy"):
-        sft_ax.plot([e["epoch"] for e in epochs], [e[key] for e in epochs], marker="o", label=key)
-    sft_ax.set(xlabel="SFT epoch", ylim=(0, 1.05), title="Warm start: held-out extraction")
-    sft_ax.legend()
+        sft_ax.plot([e["step"] for e in epochs], [e[key] for e in epochs], marker="o", label=f"held-out {key} (per epoch)")
+    sft_ax.set(xlabel="SFT step", ylim=(0, 1.05), title="Warm start: loss and held-out extraction")
+    sft_ax.legend(fontsize=8)
     curve = results["curve"]
     steps = [p["step"] for p in curve]
     for key in ("reward", "rewards/coverage/mean", "rewards/r2/mean", "qa_score"):
