@@ -210,13 +210,13 @@ def test_train_deployment_resumes_after_injected_failure(stack, trained):
     assert description.startswith("Config `") and "Data: `" in description and "Result: held-out QA" in description
     assert run.data.params["grpo.steps"] == str(STEPS) and "reward.beta" in run.data.params
     assert [m.step for m in client.get_metric_history(run.info.run_id, "sft/seconds")] == [0]  # the warm start ran
-    per_step = [k for k in run.data.metrics if not k.startswith(("eval/", "sft/", "sft_eval/", "warm_start/"))]
+    per_step = [k for k in run.data.metrics if not k.startswith(("eval/", "best/", "sft/", "sft_eval/", "warm_start/"))]
     assert "pipeline/step_seconds" in per_step and len(per_step) > 3
     for key in per_step:
         steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
         assert sorted(steps) == list(range(1, STEPS + 1)), (key, steps)
-    eval_keys = [k for k in run.data.metrics if k.startswith("eval/")]
-    assert eval_keys
+    eval_keys = [k for k in run.data.metrics if k.startswith(("eval/", "best/"))]
+    assert {"eval/qa_score", "best/step", "best/qa_score"} <= set(eval_keys)
     for key in eval_keys:
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [2, 4], key
     # the warm start's held-out extraction per SFT epoch, and its held-out QA before the first update
