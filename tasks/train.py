@@ -21,7 +21,7 @@ import polars as pl
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from memalpha.checkpoint import ADAPTER, BEST, checkpoint_dir, step_name
+from memalpha.checkpoint import ADAPTER, BEST, checkpoint_dir, read_best, step_name
 from memalpha.config import GRPOConfig, RunConfig
 from tasks import plots, tracking
 
@@ -302,7 +302,8 @@ def _champion_score(client, name: str) -> float | None:
 
 @task(name="register-model", cache_policy=NO_CACHE, retries=1)
 def register_model(config: RunConfig, run_dir: str, run_id: str, checkpoint: str, register: bool = True) -> dict[str, Any]:
-    """Log the final adapter as a transformers/PEFT model and register a new version; alias it `champion`
+    """Log the adapter the trainer selected on validation QA (run_dir/best; the final `checkpoint`'s when
+    the run never evaluated) as a transformers/PEFT model and register a new version; alias it `champion`
     when its validation score beats the current champion's. (`latest` is an alias MLflow reserves and
     resolves by itself: `models:/<name>/latest` is always the newest version.)"""
     from memalpha.models.policy import load_policy
@@ -310,7 +311,9 @@ def register_model(config: RunConfig, run_dir: str, run_id: str, checkpoint: str
     logger = get_run_logger()
     client = tracking.configure()
     path = Path(run_dir)
-    policy = load_policy(config.model, adapter=Path(checkpoint) / ADAPTER, trainable=False, seed=config.grpo.seed)
+    best = read_best(path)
+    adapter = path / BEST / ADAPTER if best else Path(checkpoint) / ADAPTER
+    policy = load_policy(config.model, adapter=adapter, trainable=False, seed=config.grpo.seed)
     base = _base_model_path(config, policy, path)
     name = config.tracking.registered_model if register else None
     with mlflow.start_run(run_id=run_id):
@@ -328,11 +331,12 @@ def register_model(config: RunConfig, run_dir: str, run_id: str, checkpoint: str
     if name is None:
         return outcome
     version = str(info.registered_model_version)
-    run = client.get_run(run_id)
-    final_metrics = run.data.metrics
     key = tracking.VALIDATION_KEY
-    score = final_metrics.get(key)
+    score = best["score"] if best else client.get_run(run_id).data.metrics.get(key)
     client.set_model_version_tag(name, version, "run_id", run_id)
+    client.set_model_version_tag(name, version, "adapter", str(adapter))
+    if best:
+        client.set_model_version_tag(name, version, "step", str(best["step"]))
     if score is not None:
         client.set_model_version_tag(name, version, "validation_metric", key)
         client.set_model_version_tag(name, version, "validation_score", str(score))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import polars as pl
 import pytest
 
@@ -66,6 +68,10 @@ def test_resolve_adapter_layouts(adapter, tmp_path):
     assert resolve_adapter(adapter / "adapter") == adapter / "adapter"
     assert resolve_adapter(adapter) == adapter / "adapter"
     assert resolve_adapter(adapter.parent.parent) == adapter / "adapter"  # run folder: latest checkpoint
+    run = tmp_path / "run"
+    shutil.copytree(adapter.parent.parent, run)
+    shutil.copytree(adapter / "adapter", run / "best" / "adapter")
+    assert resolve_adapter(run) == run / "best" / "adapter"  # unless validation selected an adapter
     model = tmp_path / "downloaded"
     (model / "peft").mkdir(parents=True)
     (model / "MLmodel").write_text("flavors:\n  transformers:\n    peft_adaptor: peft\n")

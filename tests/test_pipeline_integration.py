@@ -234,11 +234,14 @@ def test_train_deployment_resumes_after_injected_failure(stack, trained):
     traces = mlflow.search_traces(run_id=run.info.run_id, locations=[experiment.experiment_id], return_type="list")
     assert sorted(int(t.info.tags["memalpha.step"]) for t in traces) == list(range(1, STEPS + 1))
 
-    # the final adapter is registered (so it is `models:/integration-policy/latest`) and, the first time, champion
+    # the adapter selected on validation QA is registered (so it is `models:/integration-policy/latest`)
+    # and, the first time, champion
     (version,) = client.search_model_versions("name = 'integration-policy'")
     champion = client.get_model_version_by_alias("integration-policy", "champion")
     assert version.run_id == run.info.run_id and champion.version == version.version
-    assert float(champion.tags["validation_score"]) == run.data.metrics["eval/qa_score"]
+    assert float(champion.tags["validation_score"]) == run.data.metrics["best/qa_score"]
+    assert champion.tags["step"] == str(int(run.data.metrics["best/step"]))
+    assert champion.tags["adapter"].endswith("best/adapter")
 
 
 def test_sweep_logs_child_runs_under_one_parent(stack, dataset):

@@ -15,8 +15,9 @@ METRICS_FILE = "metrics.json"
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("eval", help="evaluate a policy against the baselines and write a report")
-    parser.add_argument("--model", help="trained adapter: an adapter folder, a checkpoint, a run folder, or a "
-                        "downloaded registered model (MLmodel folder); needed for the `policy` method")
+    parser.add_argument("--model", help="trained adapter: an adapter folder, a checkpoint, a run folder (its best/ "
+                        "adapter, else its latest checkpoint), or a downloaded registered model (MLmodel folder); "
+                        "needed for the `policy` method")
     parser.add_argument("--data", help="dataset folder (default: eval.data_path)")
     parser.add_argument("--methods", nargs="+", choices=EVAL_METHODS, metavar="METHOD",
                         help=f"methods to compare (default: eval.methods); any of {', '.join(EVAL_METHODS)}")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
-from memalpha.checkpoint import ADAPTER, latest_checkpoint
+from memalpha.checkpoint import ADAPTER, BEST, latest_checkpoint
 from memalpha.config import EVAL_METHODS, RunConfig
 from memalpha.data.schema import Instance
 from memalpha.episode import Episode
@@ -333,7 +333,8 @@ def transformers_flavor(folder: Path) -> dict[str, Any]:
 
 def resolve_adapter(model: str | Path) -> Path:
     """The LoRA adapter folder behind `model`: an adapter folder itself, a training checkpoint
-    (`<ckpt>/adapter`), a run folder (its latest checkpoint), or a downloaded registered model (the
+    (`<ckpt>/adapter`), a run folder (the adapter it selected on validation QA, `best/adapter`, else its
+    latest checkpoint's), or a downloaded registered model (the
     `peft_adaptor` folder its MLmodel names). MLflow URIs are resolved by the tasks layer, not here."""
     text = str(model)
     if text.startswith(_URI_SCHEMES):
@@ -348,6 +349,8 @@ def resolve_adapter(model: str | Path) -> Path:
         return path
     if (path / ADAPTER / ADAPTER_CONFIG).is_file():
         return path / ADAPTER
+    if (path / BEST / ADAPTER / ADAPTER_CONFIG).is_file():
+        return path / BEST / ADAPTER
     latest = latest_checkpoint(path)
     if latest is not None and (latest / ADAPTER / ADAPTER_CONFIG).is_file():
         return latest / ADAPTER
@@ -357,6 +360,6 @@ def resolve_adapter(model: str | Path) -> Path:
             return adapter
         raise UserError(f"--model {path}: the MLmodel names no PEFT adapter folder with {ADAPTER_CONFIG} (looked in {adapter})")
     raise UserError(
-        f"--model {path}: not an adapter folder ({ADAPTER_CONFIG}), checkpoint (adapter/), run folder (checkpoints/) "
+        f"--model {path}: not an adapter folder ({ADAPTER_CONFIG}), checkpoint (adapter/), run folder (best/, checkpoints/) "
         "or downloaded registered model (MLmodel)"
     )
