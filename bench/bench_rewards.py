@@ -80,11 +80,10 @@ def run() -> dict[str, Any]:
     import torch
 
     from memalpha.config import load_config
-    from memalpha.memory.schema import get_schema
     from memalpha.models.policy import load_policy
     from memalpha.models.readers import EvidenceReader
     from memalpha.rollout import collect_rollouts
-    from memalpha.rule_writer import RuleWriter
+    from memalpha.rule_writer import rule_writer_for
     from memalpha.trainer import load_training_data, prepare_warm_start
 
     started = time.perf_counter()
@@ -93,8 +92,7 @@ def run() -> dict[str, Any]:
     data = load_training_data(config, policy.tokenizer)
     instances = data.splits["train"][:INSTANCES]
     counter = policy.count_tokens
-    rule = RuleWriter(get_schema(config.memory.schema_name, config.memory.core_max_tokens),
-                      max_completion_tokens=config.rollout.max_completion_length, count_tokens=counter)
+    rule = rule_writer_for(config, counter)
     writers: dict[str, Callable[[Any], str]] = {
         "rule_writer": lambda ep: rule.write(ep.chunk_text, ep.store, ep.visible_ids()),
         "small_talk": lambda ep: small_talk(ep.chunk_text),
