@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from memalpha.generation import keep_last
+
 STD_EPS = 1e-4  # TRL's constant in A = (R - mean) / (std + eps)
 
 
@@ -137,7 +139,7 @@ def completion_logps(
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     out = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-        logits_to_keep=completion_len + 1, use_cache=False,
+        logits_to_keep=keep_last(completion_len + 1, input_ids.shape[1], input_ids.device), use_cache=False,
     )
     # position p predicts token p + 1
     return _token_logps(out.logits[:, :-1, :], input_ids[:, -completion_len:], temperature, with_entropy)

@@ -20,6 +20,7 @@ import torch
 from memalpha.config import RunConfig, SFTConfig
 from memalpha.data.schema import Instance
 from memalpha.episode import Episode
+from memalpha.generation import MIN_SHARED_PREFIX, generate, keep_last
 from memalpha.memory.schema import get_schema
 from memalpha.parsing import NOTHING_TO_STORE, parse_tool_calls
 from memalpha.rule_writer import rule_writer_for, run_rule_writer
@@ -150,8 +151,6 @@ def extraction_metrics(policy, probes: list[Probe], max_new_tokens: int) -> dict
     """Greedy outputs on held-out chunks: `valid_calls` (share of outputs that parse whole: calls or an
     explicit skip), `evidence_recall` (mean coverage support of the gold facts of evidence chunks),
     `skip_accuracy` (share of chunks where the writer skipped exactly when the chunk holds no evidence)."""
-    from memalpha.generation import generate
-
     tokenizer = policy.tokenizer
     ids = [tokenizer(p.episode.prompt(), add_special_tokens=False)["input_ids"] for p in probes]
     eos = [tokenizer.eos_token_id] + ([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else [])
@@ -226,10 +225,6 @@ def sft_arguments(sft_cfg: SFTConfig, policy, out_dir: Path, max_steps: int | No
     )
 
 
-MIN_SHARED_PREFIX = 16
-"""Shortest common prefix (tokens) worth a separate forward pass in completion_loss."""
-
-
 def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> int:
     """Leading columns identical and unpadded in every row: the system prompt that all writer
     demonstrations share."""
@@ -262,9 +257,10 @@ def completion_loss(model, inputs: dict, num_items_in_batch=None) -> tuple[torch
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         positions = torch.arange(shared, width, device=input_ids.device).expand(rows, -1)
         out = model(input_ids=input_ids[:, shared:], attention_mask=mask, position_ids=positions,
-                    past_key_values=cache, use_cache=True, logits_to_keep=keep)
+                    past_key_values=cache, use_cache=True, logits_to_keep=keep_last(keep, width - shared, input_ids.device))
     else:
-        out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep)
+        out = model(input_ids=input_ids, attention_mask=attention_mask,
+                    logits_to_keep=keep_last(keep, input_ids.shape[1], input_ids.device))
     logits = out.logits[:, :-1].float()  # positions first-1 .. L-2 predict labels first .. L-1
     targets = labels[:, first:]
     loss_sum = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="sum")

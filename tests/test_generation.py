@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from memalpha.generation import generate, left_pad
+from memalpha.generation import MIN_SHARED_PREFIX, generate, left_pad, sample_tokens
 from memalpha.grpo import completion_logps
 from memalpha.models.loading import build_tiny
 
@@ -120,3 +120,30 @@ def test_rows_that_finish_leave_the_batch_without_changing_the_others(tiny):
         recomputed, _ = completion_logps(model, full, torch.ones_like(full), len(ids), 1.0)
         assert torch.allclose(recomputed[0], torch.tensor(lps), atol=1e-4)
 
+
+
+def test_a_prefix_common_to_all_prompts_is_prefilled_once_and_samples_as_unshared(tiny):
+    """Distinct prompts behind one system prompt: the prefix runs once, the tails after it (padding
+    between them); tokens and log-probs equal those of prefilling every prompt whole, under the same seed."""
+    model, tokenizer = tiny
+    system = torch.randint(5, 300, (MIN_SHARED_PREFIX + 4,), generator=torch.Generator().manual_seed(8)).tolist()
+    prompts = [system + tail for tail in _prompts()] + [system + _prompts()[1]]
+    shared = _gen(model, tokenizer, prompts, seed=2)
+    unshared = _gen(model, tokenizer, prompts, seed=2, share_prefill=False)
+    assert shared.prefilled_prompts == 4 and shared.shared_prefix_tokens == len(system)
+    assert unshared.shared_prefix_tokens == 0
+    assert shared.completion_ids == unshared.completion_ids
+    for a, b in zip(shared.logps, unshared.logps):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+    greedy = _gen(model, tokenizer, prompts[:2], greedy=True)
+    assert greedy.completion_ids == [_gen(model, tokenizer, [p], greedy=True).completion_ids[0] for p in prompts[:2]]
+
+
+def test_sample_tokens_follows_the_distribution_and_never_draws_a_masked_token():
+    probs = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 2.0]]).repeat(10_000, 1)
+    tokens = sample_tokens(probs, torch.Generator().manual_seed(0)).view(10_000, 2)
+    shares = torch.bincount(tokens[:, 0], minlength=4).float() / 10_000
+    assert torch.allclose(shares, torch.tensor([0.5, 0.3, 0.2, 0.0]), atol=0.02)
+    assert shares[3] == 0 and (tokens[:, 1] == 3).all()
+    again = sample_tokens(probs, torch.Generator().manual_seed(0)).view(10_000, 2)
+    assert torch.equal(tokens, again)
