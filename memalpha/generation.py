@@ -4,9 +4,10 @@ One call generates a completion for every prompt of the batch (left-padded). Ide
 candidates of a step-level group, the first chunk of a trajectory group) are prefilled once and their
 KV cache copied to every row that asks for them; the prefix all distinct prompts share (the writer's
 system prompt, about a third of a writer prompt) is prefilled once before their different tails; a
-row that finished is dropped from the batch, so the decode steps only compute the rows still generating. Sampling uses a caller-owned `torch.Generator`
-on the model's device, so a rollout is reproducible from the generator's state (saved in checkpoints);
-a token is drawn by inverting the cumulative distribution with one uniform number per row.
+row that finished is dropped from the batch, so the decode steps only compute the rows still
+generating. Sampling uses a caller-owned `torch.Generator` on the model's device, so a rollout is
+reproducible from the generator's state (saved in checkpoints); a token is drawn by inverting the
+cumulative distribution with one uniform number per row.
 The log-prob of a sampled token is log softmax(logits / temperature), TRL's convention (top-p only
 restricts which tokens can be drawn). These are the sampling policy's log-probs; the trainer
 recomputes the importance-ratio denominator in its own micro-batch layout (see trainer.py).
@@ -229,8 +230,9 @@ def generate(
 def _prefill(model, prompts: list[list[int]], pad_token_id: int, max_new_tokens: int, device: torch.device,
              share_prefix: bool) -> tuple:
     """Run the prompts into a fresh cache: (output with the last position's logits, attention mask,
-    position ids, cache, length of the shared prefix). With `share_prefix`, a prefix common to all prompts runs once and its cache is
-    copied to every row before the tails run; the padding then sits between prefix and tail, masked."""
+    position ids, cache, length of the shared prefix). With `share_prefix`, a prefix common to all
+    prompts runs once and its cache is copied to every row before the tails run; the padding then sits
+    between prefix and tail, masked."""
     prefix = common_prefix_length(prompts) if share_prefix and len(prompts) > 1 else 0
     prefix = min(prefix, min(len(p) for p in prompts) - 1)  # every tail keeps a token to predict from
     if prefix < MIN_SHARED_PREFIX:
