@@ -256,8 +256,8 @@ def completion_loss(model, inputs: dict, num_items_in_batch=None) -> tuple[torch
         cache.batch_repeat_interleave(rows)
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         positions = torch.arange(shared, width, device=input_ids.device).expand(rows, -1)
-        out = model(input_ids=input_ids[:, shared:], attention_mask=mask, position_ids=positions,
-                    past_key_values=cache, use_cache=True, logits_to_keep=keep_last(keep, width - shared, input_ids.device))
+        out = model(input_ids=input_ids[:, shared:], attention_mask=mask, position_ids=positions, past_key_values=cache,
+                    use_cache=True, logits_to_keep=keep_last(keep, width - shared, input_ids.device))
     else:
         out = model(input_ids=input_ids, attention_mask=attention_mask,
                     logits_to_keep=keep_last(keep, input_ids.shape[1], input_ids.device))
