@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -77,6 +79,12 @@ def test_bm25_does_not_rebuild_between_repeated_queries():
     r.add("d6", "Alice likes tea")
     r.search("Alice", 2)
     assert r.rebuilds == 2
+
+
+def test_bm25_rebuilds_log_nothing_under_a_root_debug_handler(caplog):
+    caplog.set_level(logging.DEBUG)
+    _filled(BM25Retriever()).search("Alice", 2)
+    assert not [r for r in caplog.records if r.name.startswith("bm25s")]
 
 
 def test_bm25_empty_and_unknown_queries():

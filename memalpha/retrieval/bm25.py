@@ -7,6 +7,7 @@ summed with a single `np.bincount` over bm25s's precomputed CSC score matrix.
 
 from __future__ import annotations
 
+import logging
 from typing import Iterable
 
 import bm25s
@@ -14,6 +15,9 @@ import numpy as np
 
 from memalpha.retrieval.base import top_k
 from memalpha.text import tokenize
+
+# bm25s sets its own logger to DEBUG, so any root handler prints a line per index rebuild (thousands a run)
+logging.getLogger("bm25s").setLevel(logging.WARNING)
 
 
 class BM25Retriever:
