@@ -183,8 +183,8 @@ class GRPOConfig(_Section):
     """Samples per forward/backward pass; gradients accumulate over the step's micro-batches."""
     shared_prompt_update: bool = True
     """Samples that share a prompt (a step-level group) run it forward once and reuse its KV cache for
-    their completions, as one micro-batch. Same loss and gradients as the plain path (not for bnpo,
-    whose loss depends on the micro-batch layout)."""
+    their completions, as one micro-batch, and the prefix all those prompts share runs once per update.
+    Same loss and gradients as the plain path (not for bnpo, whose loss depends on the micro-batch layout)."""
     checkpoint_every: int = Field(5, ge=1)
     eval_every: int = Field(10, ge=1)
     """Held-out evaluation (greedy, validation split) every this many steps and at the end."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers.cache_utils import DynamicCache
 
 from memalpha.generation import keep_last
 
@@ -145,21 +146,54 @@ def completion_logps(
     return _token_logps(out.logits[:, :-1, :], input_ids[:, -completion_len:], temperature, with_entropy)
 
 
+class SharedPrefix:
+    """A prompt prefix common to several groups of an update (the writer's system prompt), run forward
+    once with gradient.
+
+    Each group reads detached copies of the prefix's keys and values (`cache()`), so its backward pass
+    stops there and leaves the gradient on those copies, summed over groups; `backward()` then carries
+    that sum through the prefix once. The gradients equal running the prefix in every group, while
+    only one group's graph is alive at a time.
+    """
+
+    def __init__(self, model, prefix_ids: torch.Tensor):
+        cache = model(input_ids=prefix_ids, use_cache=True, logits_to_keep=1).past_key_values
+        self.length = prefix_ids.shape[1]
+        self._outputs = [(layer.keys, layer.values) for layer in cache.layers]
+        self._leaves = [(k.detach().requires_grad_(), v.detach().requires_grad_()) for k, v in self._outputs]
+
+    def cache(self) -> DynamicCache:
+        """A fresh cache holding the prefix, for one group's forward pass."""
+        cache = DynamicCache()
+        for layer, (keys, values) in enumerate(self._leaves):
+            cache.update(keys, values, layer)
+        return cache
+
+    def backward(self) -> None:
+        """Backpropagate the gradients the groups left on the prefix's keys and values."""
+        pairs = [(out, leaf.grad) for outs, leaves in zip(self._outputs, self._leaves)
+                 for out, leaf in zip(outs, leaves) if leaf.grad is not None]
+        if pairs:
+            torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
+
+
 def shared_prompt_logps(
     model, prompt_ids: torch.Tensor, completion_ids: torch.Tensor, completion_mask: torch.Tensor, temperature: float,
-    with_entropy: bool = False,
+    with_entropy: bool = False, prefix: SharedPrefix | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """completion_logps for k completions of one prompt, running the prompt forward once.
 
     prompt_ids: (1, P) unpadded; completion_ids, completion_mask: (k, L) right-padded. The prompt's KV
     cache (computed with gradient: LoRA touches its keys and values) is repeated for the k rows, and its
-    last logit predicts every completion's first token.
+    last logit predicts every completion's first token. With `prefix` (shorter than the prompt, and the
+    prompt's start), only the rest of the prompt runs here.
     """
     k, width = completion_ids.shape
     prompt_len = prompt_ids.shape[1]
     device = completion_ids.device
-    prompt = model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)
-    cache = prompt.past_key_values
+    start = prefix.length if prefix is not None else 0
+    cache = prefix.cache() if prefix is not None else DynamicCache()
+    prompt = model(input_ids=prompt_ids[:, start:], past_key_values=cache, use_cache=True, logits_to_keep=1)
     cache.batch_repeat_interleave(k)
     attention_mask = torch.cat([completion_mask.new_ones((k, prompt_len)), completion_mask], 1)
     positions = torch.arange(prompt_len, prompt_len + width, device=device).expand(k, width)

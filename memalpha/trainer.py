@@ -34,8 +34,10 @@ from memalpha.config import RunConfig, training_fields
 from memalpha.data.schema import Instance
 from memalpha.episode import thin_distractors, truncate_for_training
 from memalpha.errors import UserError
-from memalpha.generation import left_pad, right_pad
-from memalpha.grpo import completion_logps, compute_advantages, group_ids, group_std, grpo_loss, shared_prompt_logps
+from memalpha.generation import MIN_SHARED_PREFIX, common_prefix_length, left_pad, right_pad
+from memalpha.grpo import (
+    SharedPrefix, completion_logps, compute_advantages, group_ids, group_std, grpo_loss, shared_prompt_logps,
+)
 from memalpha.progress import SFTProgress
 from memalpha.rollout import RolloutBatch, Sample, collect_rollouts, collect_step_rollouts
 from memalpha.tools import TOOL_NAMES
@@ -312,7 +314,8 @@ class Trainer:
         keep = [i for i in range(n_seq) if not (skippable and advantages[i] == 0)]
         micro = self._micro_batches(samples, keep)
         stats = {"loss": 0.0, "tokens": 0.0, "low": 0.0, "high": 0.0, "kl": 0.0, "entropy": 0.0,
-                 "grad_norm": 0.0, "logp_diff": 0.0, "first_tokens": 0.0, "sampled_tokens": 0.0}
+                 "grad_norm": 0.0, "logp_diff": 0.0, "first_tokens": 0.0, "sampled_tokens": 0.0,
+                 "shared_prefix_tokens": 0.0}
         if not micro:
             return {**stats, "skipped": float(n_seq - len(keep))}
         old: list[torch.Tensor] = []
@@ -321,10 +324,12 @@ class Trainer:
         try:
             for iteration in range(cfg.num_iterations):
                 self.optimizer.zero_grad(set_to_none=True)
+                prefix = self._shared_prefix(samples, micro)
                 for k, (chosen, shared) in enumerate(micro):
                     rows = [samples[i] for i in chosen]
                     first = iteration == 0
-                    logps, entropy, mask = self._logps(rows, shared, with_entropy=first)
+                    logps, entropy, mask = self._logps(rows, shared, with_entropy=first,
+                                                       prefix=prefix if shared else None)
                     if first:
                         old.append(logps.detach())
                         ref.append(self._ref_logps(rows, shared) if cfg.kl_beta else None)
@@ -345,6 +350,9 @@ class Trainer:
                     stats["low"] += ls.low_clipped
                     stats["high"] += ls.high_clipped
                     stats["kl"] += ls.kl_sum
+                if prefix is not None:
+                    prefix.backward()
+                    stats["shared_prefix_tokens"] = float(prefix.length)
                 stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm))
                 self.optimizer.step()
         finally:
@@ -369,13 +377,25 @@ class Trainer:
         packed = [single[j : j + cfg.micro_batch_size] for j in range(0, len(single), cfg.micro_batch_size)]
         return [(rows, True) for rows in shared] + [(rows, False) for rows in packed]
 
-    def _logps(self, rows: list[Sample], shared: bool, with_entropy: bool = False):
+    def _shared_prefix(self, samples: list[Sample], micro: list[tuple[list[int], bool]]) -> SharedPrefix | None:
+        """The prompt prefix common to the shared-prompt micro-batches (two or more), run once, or None."""
+        prompts = [samples[chosen[0]].prompt_ids for chosen, shared in micro if shared]
+        if len(prompts) < 2:
+            return None
+        length = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1)  # every tail keeps a token
+        if length < MIN_SHARED_PREFIX:
+            return None
+        prefix_ids = torch.tensor([prompts[0][:length]], dtype=torch.long, device=self.policy.device)
+        return SharedPrefix(self.policy.model, prefix_ids)
+
+    def _logps(self, rows: list[Sample], shared: bool, with_entropy: bool = False, prefix: SharedPrefix | None = None):
         """Completion log-probs, entropies and completion mask of one micro-batch."""
         temperature, device = self.config.rollout.temperature, self.policy.device
         if shared:
             comp, mask = right_pad([s.completion_ids for s in rows], self.policy.tokenizer.pad_token_id, device)
             prompt = torch.tensor([rows[0].prompt_ids], dtype=torch.long, device=device)
-            logps, entropy = shared_prompt_logps(self.policy.model, prompt, comp, mask, temperature, with_entropy)
+            logps, entropy = shared_prompt_logps(self.policy.model, prompt, comp, mask, temperature, with_entropy,
+                                                 prefix=prefix)
             return logps, entropy, mask
         ids, attn, mask, width = self._collate(rows)
         logps, entropy = completion_logps(self.policy.model, ids, attn, width, temperature, with_entropy=with_entropy)
@@ -406,6 +426,7 @@ class Trainer:
             "grad_norm": update["grad_norm"],
             "sampling/logp_abs_diff": update["logp_diff"] / max(update["sampled_tokens"], 1.0),
             "update/skipped_samples": update["skipped"],
+            "update/shared_prefix_tokens": update["shared_prefix_tokens"],
             "prompts/mean_tokens": sum(len(s.prompt_ids) for s in samples) / n,
             "prompts/truncated_ratio": sum(s.prompt_truncated for s in samples) / n,
             "generate_calls": float(batch.generate_calls),

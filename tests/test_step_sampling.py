@@ -230,9 +230,12 @@ def test_rule_guidance_without_step_groups_is_refused(overrides):
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
 def test_the_shared_prompt_update_equals_the_plain_one(tmp_path, random_adapter, loss_type):  # noqa: F811
-    """Running a group's prompt forward once and reusing its cache for the G completions gives the
-    loss, KL, entropy and gradients of the plain update, which runs every [prompt | completion] row."""
+    """Running a group's prompt forward once and reusing its cache for the G completions, and the prefix
+    all groups share once for the step, gives the loss, KL, entropy and gradients of the plain update,
+    which runs every [prompt | completion] row."""
     from test_rollout import make_dataset
+
+    from memalpha.generation import MIN_SHARED_PREFIX
 
     config = _step_config(make_dataset(tmp_path / "data"), "grpo.kl_beta=0.3", f"grpo.loss_type={loss_type}",
                           "grpo.micro_batch_size=2")
@@ -250,6 +253,8 @@ def test_the_shared_prompt_update_equals_the_plain_one(tmp_path, random_adapter,
 
     shared_stats, shared_grads = update(True)
     plain_stats, plain_grads = update(False)
+    assert shared_stats["shared_prefix_tokens"] >= MIN_SHARED_PREFIX  # the system prompt ran once for all groups
+    assert plain_stats["shared_prefix_tokens"] == 0
     for key in ("loss", "kl", "entropy", "tokens", "grad_norm"):
         assert shared_stats[key] == pytest.approx(plain_stats[key], rel=1e-4, abs=1e-6), key
     assert shared_stats["grad_norm"] > 0
