@@ -8,7 +8,8 @@
    first, nothing to share). Every completion runs to `NEW_TOKENS` (no early stop), so all rows generate
    the same number of tokens.
 2. Seconds per GRPO step of configs/default.yaml (without the warm start), split into generate, reward
-   and update, in trajectory and step sampling, with the shared-prompt update and with the plain one.
+   and update, in trajectory and step sampling, with the shared update, with the shared update that
+   leaves out the once-per-update system prefix (each group runs its whole prompt), and with the plain one.
    The untrained policy never writes a valid call, so its rewards tie and the trainer would skip the
    update; the update is therefore timed on the step's real samples with random advantages.
 3. The compute floor of each step: FLOPs of its linear layers (2 x parameters per token, the LM head only
@@ -100,9 +101,14 @@ def _linear_params(model) -> tuple[int, int]:
 
 def floor_flops(samples, body: int, head: int, shared: bool) -> float:
     """Linear-layer FLOPs of one step: the prefill (distinct prompts when shared), decoding, and the
-    update's forward and backward (3x forward; the prompt once per group when shared)."""
-    prompts = {tuple(s.prompt_ids) for s in samples} if shared else [tuple(s.prompt_ids) for s in samples]
-    prompt_tokens = sum(len(p) for p in prompts)
+    update's forward and backward (3x forward; when shared, the prompt once per group and the prefix
+    common to all groups once)."""
+    from memalpha.generation import common_prefix_length
+
+    prompts = list({tuple(s.prompt_ids): None for s in samples}) if shared else [tuple(s.prompt_ids) for s in samples]
+    # shared: the prefix of all distinct prompts (the system prompt) runs once in the prefill and the update
+    prefix = common_prefix_length([list(p) for p in prompts]) if shared and len(prompts) > 1 else 0
+    prompt_tokens = sum(len(p) for p in prompts) - prefix * (len(prompts) - 1)
     completion_tokens = sum(len(s.completion_ids) for s in samples)
     rollout = 2 * body * (prompt_tokens + completion_tokens) + 2 * head * (len(prompts) + completion_tokens)
     update = 3 * (2 * body * (prompt_tokens + completion_tokens) + 2 * head * completion_tokens)
@@ -135,6 +141,13 @@ def step_split(sampling: str, gflops: float) -> dict[str, Any]:
                 trainer._update(batch.samples, advantages)
                 row["update_shared_s" if shared else "update_plain_s"] = time.perf_counter() - start
                 row["floor_shared_s" if shared else "floor_plain_s"] = floor_flops(batch.samples, body, head, shared) / gflops / 1e9
+            # the shared update without its once-per-update system prefix: each group runs its whole prompt
+            with_prefix = trainer._shared_prefix
+            trainer._shared_prefix = lambda samples, micro: None
+            start = time.perf_counter()
+            trainer._update(batch.samples, advantages)
+            row["update_group_only_s"] = time.perf_counter() - start
+            trainer._shared_prefix = with_prefix
             steps.append(row)
     mean = {k: round(sum(s[k] for s in steps) / len(steps), 2) for k in steps[0]}
     mean["step_s"] = round(mean["generate_s"] + mean["reward_s"] + mean["update_shared_s"], 2)
@@ -187,17 +200,20 @@ def to_markdown(results: dict[str, Any]) -> str:
         lines.append(f"| {row['rows']} | {label} | {row['prefilled_prompts']} | {row['tokens_per_s']} | {row['seconds']} | "
                      f"{row['prefill_s']} | {row['decode_s']} |")
     lines += ["", "## GRPO step of configs/default.yaml (sft off), mean of the measured steps", "",
-              "| sampling | generate s | reward s | update s (shared / plain) | step s | floor s | floor / step | "
-              "generated tokens | generate tokens/s |", "|---|---|---|---|---|---|---|---|---|"]
+              "| sampling | generate s | reward s | update s (shared / group prompts only / plain) | step s | floor s | "
+              "floor / step | generated tokens | generate tokens/s |", "|---|---|---|---|---|---|---|---|---|"]
     for sampling, step in results["grpo_step"].items():
         m = step["mean"]
-        lines.append(f"| {sampling} | {m['generate_s']} | {m['reward_s']} | {m['update_shared_s']} / {m['update_plain_s']} | "
+        lines.append(f"| {sampling} | {m['generate_s']} | {m['reward_s']} | {m['update_shared_s']} / "
+                     f"{m['update_group_only_s']} / {m['update_plain_s']} | "
                      f"{m['step_s']} | {m['floor_shared_s']} | {m['floor_fraction']} | {m['generated_tokens']} | "
                      f"{m['generate_tokens_per_s']} |")
     lines += ["", f"B={step['B']}, G={step['G']}, {step['chunks_per_instance']} chunks, at most "
-              f"{step['max_completion_length']} new tokens. Step = generate + reward + shared-prompt update. The floor "
-              "counts linear-layer FLOPs only (prefill of distinct prompts, decoding, update forward + 2x backward) at "
-              "the measured matmul rate."]
+              f"{step['max_completion_length']} new tokens. Step = generate + reward + shared update (each group's prompt "
+              "once, and the system prompt all groups share once per update); \"group prompts only\" runs each group's "
+              "whole prompt, \"plain\" every [prompt | completion] row. The floor counts linear-layer FLOPs only (prefill "
+              "of distinct prompts with their common prefix once, decoding, update forward + 2x backward) at the "
+              "measured matmul rate."]
     if "before" in results:
         b = results["before"]
         lines += ["", "## Before and after (default config, trajectory sampling; generation at B*G rows)", "",
