@@ -92,7 +92,8 @@ def write_summary(statuses: dict[str, str], out_dir: Path = RESULTS_DIR) -> Path
     """SUMMARY.md over every result file present, marking those this run produced or failed."""
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = ["# Benchmark summary", "", "| benchmark | status | finished (UTC) | load avg | results |", "|---|---|---|---|---|"]
-    for name in sorted(set(statuses) | {p.stem for p in out_dir.glob("*.json")}):
+    reports = {p.stem for p in out_dir.glob("*.json") if p.with_suffix(".md").exists()}  # not inputs such as rollout_before
+    for name in sorted(set(statuses) | reports):
         path = out_dir / f"{name}.json"
         meta = json.loads(path.read_text()) if path.exists() else {}
         meta = meta if isinstance(meta, dict) else {}
