@@ -103,11 +103,11 @@ def floor_flops(samples, body: int, head: int, shared: bool) -> float:
     """Linear-layer FLOPs of one step: the prefill (distinct prompts when shared), decoding, and the
     update's forward and backward (3x forward; when shared, the prompt once per group and the prefix
     common to all groups once)."""
-    from memalpha.generation import common_prefix_length
+    from memalpha.generation import shareable_prefix_length
 
     prompts = list({tuple(s.prompt_ids): None for s in samples}) if shared else [tuple(s.prompt_ids) for s in samples]
     # shared: the prefix of all distinct prompts (the system prompt) runs once in the prefill and the update
-    prefix = common_prefix_length([list(p) for p in prompts]) if shared and len(prompts) > 1 else 0
+    prefix = shareable_prefix_length([list(p) for p in prompts]) if shared else 0
     prompt_tokens = sum(len(p) for p in prompts) - prefix * (len(prompts) - 1)
     completion_tokens = sum(len(s.completion_ids) for s in samples)
     rollout = 2 * body * (prompt_tokens + completion_tokens) + 2 * head * (len(prompts) + completion_tokens)

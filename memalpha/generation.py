@@ -85,6 +85,15 @@ def common_prefix_length(rows: list[list[int]]) -> int:
     return shortest
 
 
+def shareable_prefix_length(rows: list[list[int]]) -> int:
+    """Length of the prefix worth running once for all rows (two or more): their common prefix, less one
+    token so every row keeps a tail to predict from, or 0 when that is shorter than MIN_SHARED_PREFIX."""
+    if len(rows) < 2:
+        return 0
+    length = min(common_prefix_length(rows), min(len(row) for row in rows) - 1)
+    return length if length >= MIN_SHARED_PREFIX else 0
+
+
 def distinct_rows(rows: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     """The distinct rows in first-seen order, and for every row the index of its distinct row."""
     first: dict[tuple[int, ...], int] = {}
@@ -233,10 +242,7 @@ def _prefill(model, prompts: list[list[int]], pad_token_id: int, max_new_tokens:
     position ids, cache, length of the shared prefix). With `share_prefix`, a prefix common to all
     prompts runs once and its cache is copied to every row before the tails run; the padding then sits
     between prefix and tail, masked."""
-    prefix = common_prefix_length(prompts) if share_prefix and len(prompts) > 1 else 0
-    prefix = min(prefix, min(len(p) for p in prompts) - 1)  # every tail keeps a token to predict from
-    if prefix < MIN_SHARED_PREFIX:
-        prefix = 0
+    prefix = shareable_prefix_length(prompts) if share_prefix else 0
     ids, attn = left_pad([p[prefix:] for p in prompts], pad_token_id, device)
     cache = reserved_cache(model, prefix + ids.shape[1] + max_new_tokens)
     if prefix:

@@ -34,7 +34,7 @@ from memalpha.config import RunConfig, training_fields
 from memalpha.data.schema import Instance
 from memalpha.episode import thin_distractors, truncate_for_training
 from memalpha.errors import UserError
-from memalpha.generation import MIN_SHARED_PREFIX, common_prefix_length, left_pad, right_pad
+from memalpha.generation import left_pad, right_pad, shareable_prefix_length
 from memalpha.grpo import (
     SharedPrefix, completion_logps, compute_advantages, group_ids, group_std, grpo_loss, shared_prompt_logps,
 )
@@ -380,10 +380,8 @@ class Trainer:
     def _shared_prefix(self, samples: list[Sample], micro: list[tuple[list[int], bool]]) -> SharedPrefix | None:
         """The prompt prefix common to the shared-prompt micro-batches (two or more), run once, or None."""
         prompts = [samples[chosen[0]].prompt_ids for chosen, shared in micro if shared]
-        if len(prompts) < 2:
-            return None
-        length = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1)  # every tail keeps a token
-        if length < MIN_SHARED_PREFIX:
+        length = shareable_prefix_length(prompts)
+        if not length:
             return None
         prefix_ids = torch.tensor([prompts[0][:length]], dtype=torch.long, device=self.policy.device)
         return SharedPrefix(self.policy.model, prefix_ids)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from memalpha.generation import MIN_SHARED_PREFIX, generate, left_pad, sample_tokens
+from memalpha.generation import MIN_SHARED_PREFIX, generate, left_pad, sample_tokens, shareable_prefix_length
 from memalpha.grpo import completion_logps
 from memalpha.models.loading import build_tiny
 
@@ -137,6 +137,14 @@ def test_a_prefix_common_to_all_prompts_is_prefilled_once_and_samples_as_unshare
         assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
     greedy = _gen(model, tokenizer, prompts[:2], greedy=True)
     assert greedy.completion_ids == [_gen(model, tokenizer, [p], greedy=True).completion_ids[0] for p in prompts[:2]]
+
+
+def test_the_shareable_prefix_leaves_every_row_a_tail_and_skips_short_or_lone_prefixes():
+    system = list(range(MIN_SHARED_PREFIX + 4))
+    assert shareable_prefix_length([system + [7, 8], system + [9]]) == len(system)
+    assert shareable_prefix_length([system, system + [9]]) == len(system) - 1  # the shorter row keeps a token
+    assert shareable_prefix_length([system[:MIN_SHARED_PREFIX - 1] + [1], system[:MIN_SHARED_PREFIX - 1] + [2]]) == 0
+    assert shareable_prefix_length([system + [7]]) == 0
 
 
 def test_sample_tokens_follows_the_distribution_and_never_draws_a_masked_token():
