@@ -370,7 +370,9 @@ def _statement(sentence: str, utt: _Utterance, speakers: frozenset[str] = frozen
     elif speaker and _ELIDED_SUBJECT.match(body):
         body = f"{speaker} {body[:1].lower()}{body[1:]}"
     elif speaker and speaker not in body:
-        body = f"{speaker} said that {body[:1].lower()}{body[1:]}"
+        # names keep their capital: a lowercased "zoe" is a token the chunk never shows, and a writer
+        # trained on it looped on "said that zoe said that ..." where it should copy
+        body = f"{speaker} said that {_lower_first(body)}"
     if speaker and _SECOND_PERSON.search(body):
         body = _SECOND_PERSON.sub("the listener", body)
     body = body[:1].upper() + body[1:]

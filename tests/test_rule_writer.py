@@ -67,6 +67,16 @@ def test_events_are_dated_and_go_to_episodic():
     assert entry.content == "On 23 March 2023, Javier signed the contract with Northwind Robotics yesterday."
 
 
+def test_reported_facts_keep_the_names_as_the_chunk_spells_them():
+    # the writer copies what it reads: "said that zoe" would teach a token the chunk never shows
+    store = MemoryStore(MEMALPHA_SCHEMA)
+    chunk = HEADER + "Zeno: Zoe adopted a hamster named Sherbet.\nAlice: The new gate code is 4821."
+    run(RuleWriter(MEMALPHA_SCHEMA), store, chunk)
+    memory = contents(store)
+    assert "Zeno said that Zoe adopted a hamster named Sherbet." in memory
+    assert "Alice said that the new gate code is 4821." in memory
+
+
 def test_labelled_examples_keep_input_and_label():
     store = MemoryStore(MEMALPHA_SCHEMA)
     chunk = HEADER + (
