@@ -383,7 +383,7 @@ def _statement(sentence: str, utt: _Utterance, speakers: frozenset[str] = frozen
     return Extraction("event" if event else "fact", body + ".", speaker, change, score, utt.date)
 
 
-_FUNCTION_WORDS = frozenset("The A An Our We It They This That There Our Their His Her".split())
+_FUNCTION_WORDS = frozenset("The A An Our We It They This That There Their His Her".split())
 
 
 def _lower_first(text: str) -> str:
