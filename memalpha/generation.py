@@ -17,10 +17,13 @@ Every tensor is created on the model's device, so the same code runs on a CPU or
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from memalpha.cascade import CascadeCache, cascade_attention
 
 
 @dataclass
@@ -187,8 +190,9 @@ def generate(
     out, attn, positions, cache, prefix = _prefill(model, distinct, pad_token_id, max_new_tokens, device, share_prefill)
     t1 = time.perf_counter()
     rows = torch.tensor(inverse, dtype=torch.long, device=device)
-    if len(distinct) < len(prompts):
-        cache.batch_select_indices(rows)
+    cascade = len(distinct) < len(prompts)  # repeated prompts: their rows read one copy of the prompt cache
+    if cascade:
+        cache = CascadeCache(cache, attn, inverse, max_new_tokens)
     logits, attn, next_pos = out.logits[rows, -1, :], attn[rows], positions[rows, -1] + 1
     n = len(prompts)
     eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
@@ -216,11 +220,12 @@ def generate(
             keep = (~done).nonzero().squeeze(1)
             alive, token, attn, next_pos = alive[keep], token[keep], attn[keep], next_pos[keep]
             cache.batch_select_indices(keep)
-        attn = torch.cat([attn, attn.new_ones((len(alive), 1))], dim=1)
-        out = model(
-            input_ids=token.unsqueeze(1), attention_mask=attn, position_ids=next_pos.unsqueeze(1),
-            past_key_values=cache, use_cache=True,
-        )
+        if not cascade:
+            attn = torch.cat([attn, attn.new_ones((len(alive), 1))], dim=1)
+        attention = {"cascade": cache} if cascade else {"attention_mask": attn}
+        with cascade_attention(model) if cascade else nullcontext():
+            out = model(input_ids=token.unsqueeze(1), position_ids=next_pos.unsqueeze(1), past_key_values=cache,
+                        use_cache=True, **attention)
         logits = out.logits[:, -1, :]
         next_pos = next_pos + 1
     t2 = time.perf_counter()

@@ -103,6 +103,24 @@ def test_identical_prompts_share_one_prefill_and_sample_as_unshared(tiny):
     assert len(set(map(tuple, shared.completion_ids[:3]))) > 1  # the copies are sampled independently
 
 
+def test_repeated_prompts_whose_rows_finish_early_decode_as_unshared(tiny):
+    """Rows of a repeated prompt read one copy of its cache (cascade attention); rows that stop early leave
+    it. Greedy and sampled tokens and log-probs equal those of giving every row its own prefill."""
+    model, tokenizer = tiny
+    prompts = [p for p in _prompts()[:3] for _ in range(3)]
+    greedy = _gen(model, tokenizer, prompts, greedy=True, share_prefill=False)
+    stop = next(t for t in greedy.completion_ids[3] if t not in greedy.completion_ids[0])  # prompt 1's rows stop
+    for kw in ({"greedy": True}, {"seed": 6}):
+        shared = _gen(model, tokenizer, prompts, eos_token_ids=[stop], **kw)
+        unshared = _gen(model, tokenizer, prompts, eos_token_ids=[stop], share_prefill=False, **kw)
+        assert shared.prefilled_prompts == 3
+        assert shared.completion_ids == unshared.completion_ids
+        if kw.get("greedy"):
+            assert len(shared.completion_ids[3]) < 10 and len(shared.completion_ids[0]) == 10
+        for a, b in zip(shared.logps, unshared.logps):
+            assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+
+
 def test_rows_that_finish_leave_the_batch_without_changing_the_others(tiny):
     """Once a row emits end-of-sequence it is dropped from the decode batch; the rows still generating
     keep exact log-probs (checked against a full forward pass) and the finished row stops at its eos."""
