@@ -4,8 +4,8 @@ One call generates a completion for every prompt of the batch (left-padded). Ide
 candidates of a step-level group, the first chunk of a trajectory group) are prefilled once, and the
 rows that ask for them decode against that one copy of its KV cache (memalpha.cascade); the prefix all
 distinct prompts share (the writer's system prompt, about a third of a writer prompt) is prefilled once
-before their different tails; a row that finished is dropped from the batch, so the decode steps only compute the rows still
-generating. Sampling uses a caller-owned `torch.Generator` on the model's device, so a rollout is
+before their different tails; a row that finished is dropped from the batch, so the decode steps only
+compute the rows still generating. Sampling uses a caller-owned `torch.Generator` on the model's device, so a rollout is
 reproducible from the generator's state (saved in checkpoints); a token is drawn by inverting the
 cumulative distribution with one uniform number per row.
 The log-prob of a sampled token is log softmax(logits / temperature), TRL's convention (top-p only
