@@ -2,7 +2,7 @@
 
 One call generates a completion for every prompt of the batch (left-padded). Identical prompts (the G
 candidates of a step-level group, the first chunk of a trajectory group) are prefilled once, and the
-rows that ask for them decode against that one copy of its KV cache (memalpha.cascade); the prefix all
+rows that ask for them decode against that one copy of its KV cache (memalpha.kv_cache); the prefix all
 distinct prompts share (the writer's system prompt, about a third of a writer prompt) is prefilled once
 before their different tails; a row that finished is dropped from the batch, so the decode steps only
 compute the rows still generating. Sampling uses a caller-owned `torch.Generator` on the model's device, so a rollout is
@@ -21,9 +21,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from memalpha.cascade import CascadeCache, cascade_attention
+from memalpha.kv_cache import CascadeCache, cascade_attention, reserved_cache
 
 
 @dataclass
@@ -102,45 +101,6 @@ def distinct_rows(rows: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     first: dict[tuple[int, ...], int] = {}
     inverse = [first.setdefault(tuple(row), len(first)) for row in rows]
     return [list(key) for key in first], inverse
-
-
-class _ReservedLayer(DynamicLayer):
-    """A KV-cache layer whose keys and values live in a buffer reserved for the whole generation: a decode
-    step writes its position in place, where the default layer copies the whole cache (torch.cat) every
-    step (decode 15% faster at B*G = 32 here, bench/results/rollout.md)."""
-
-    def __init__(self, capacity: int):
-        super().__init__()
-        self.capacity = capacity
-        self.length = 0
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            batch, heads, _, dim = key_states.shape
-            self.key_buffer = key_states.new_empty((batch, heads, self.capacity, dim))
-            self.value_buffer = value_states.new_empty((batch, heads, self.capacity, dim))
-            self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
-        new = key_states.shape[-2]
-        self.key_buffer[:, :, self.length : self.length + new] = key_states
-        self.value_buffer[:, :, self.length : self.length + new] = value_states
-        self.length += new
-        self._expose()
-        return self.keys, self.values
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
-        self._expose()
-
-    def _expose(self) -> None:
-        self.keys = self.key_buffer[:, :, : self.length]
-        self.values = self.value_buffer[:, :, : self.length]
-
-
-def reserved_cache(model, capacity: int) -> DynamicCache:
-    """A DynamicCache whose layers hold `capacity` positions without reallocating."""
-    cache = DynamicCache()
-    cache.layers = [_ReservedLayer(capacity) for _ in range(model.config.num_hidden_layers)]
-    return cache
 
 
 def sample_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -1,4 +1,9 @@
-"""Cascade attention for decoding: rows that continue the same prompt read one copy of its KV cache.
+"""KV caches for decoding: buffers reserved for the whole generation, and cascade attention.
+
+Reserved buffers: a decode step writes its position in place, where transformers' default layer copies
+the whole cache (torch.cat) every step (decode 15% faster at B*G = 32, bench/results/rollout.md).
+
+Cascade attention: rows that continue the same prompt read one copy of its KV cache.
 
 The G candidates of a step-level group (and of a trajectory group's first chunk) share their whole
 ~800-token prompt. Copying its KV cache to every row makes each decode step read G copies of it, and that
@@ -23,22 +28,22 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 ATTENTION = "memalpha_cascade"
 
 
-class CascadeLayer(DynamicLayer):
-    """One layer's cache: the distinct prompts' keys and values (fixed) and each row's generated tokens
-    (a buffer reserved for the whole generation, written in place)."""
+class ReservedLayer(DynamicLayer):
+    """A KV-cache layer whose keys and values live in a buffer of `capacity` positions, written in place;
+    in `dtype` (default: that of the first keys written)."""
 
-    def __init__(self, prompt_keys: torch.Tensor, prompt_values: torch.Tensor, capacity: int):
+    def __init__(self, capacity: int, dtype: torch.dtype | None = None):
         super().__init__()
-        self.prompt_keys, self.prompt_values = prompt_keys.float(), prompt_values.float()
-        self.capacity = capacity
+        self.capacity, self.buffer_dtype = capacity, dtype
         self.length = 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
-            rows, heads, _, dim = key_states.shape
-            self.key_buffer = self.prompt_keys.new_empty((rows, heads, self.capacity, dim))
-            self.value_buffer = self.prompt_values.new_empty((rows, heads, self.capacity, dim))
-            self.dtype, self.device, self.is_initialized = torch.float32, key_states.device, True
+            batch, heads, _, dim = key_states.shape
+            self.dtype = self.buffer_dtype or key_states.dtype
+            self.key_buffer = key_states.new_empty((batch, heads, self.capacity, dim), dtype=self.dtype)
+            self.value_buffer = value_states.new_empty((batch, heads, self.capacity, dim), dtype=self.dtype)
+            self.device, self.is_initialized = key_states.device, True
         new = key_states.shape[-2]
         self.key_buffer[:, :, self.length : self.length + new] = key_states
         self.value_buffer[:, :, self.length : self.length + new] = value_states
@@ -51,12 +56,28 @@ class CascadeLayer(DynamicLayer):
             self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
             self._expose()
 
-    def get_seq_length(self) -> int:
-        return self.prompt_keys.shape[-2] + self.length
-
     def _expose(self) -> None:
         self.keys = self.key_buffer[:, :, : self.length]
         self.values = self.value_buffer[:, :, : self.length]
+
+
+def reserved_cache(model, capacity: int) -> DynamicCache:
+    """A DynamicCache whose layers hold `capacity` positions without reallocating."""
+    cache = DynamicCache()
+    cache.layers = [ReservedLayer(capacity) for _ in range(model.config.num_hidden_layers)]
+    return cache
+
+
+class CascadeLayer(ReservedLayer):
+    """One layer's cache: the distinct prompts' keys and values (fixed, fp32) and each row's generated
+    tokens (a reserved fp32 buffer)."""
+
+    def __init__(self, prompt_keys: torch.Tensor, prompt_values: torch.Tensor, capacity: int):
+        super().__init__(capacity, torch.float32)
+        self.prompt_keys, self.prompt_values = prompt_keys.float(), prompt_values.float()
+
+    def get_seq_length(self) -> int:
+        return self.prompt_keys.shape[-2] + self.length
 
 
 class CascadeCache(DynamicCache):
