@@ -5,9 +5,9 @@ candidates of a step-level group, the first chunk of a trajectory group) are pre
 rows that ask for them decode against that one copy of its KV cache (memalpha.kv_cache); the prefix all
 distinct prompts share (the writer's system prompt, about a third of a writer prompt) is prefilled once
 before their different tails; a row that finished is dropped from the batch, so the decode steps only
-compute the rows still generating. Sampling uses a caller-owned `torch.Generator` on the model's device, so a rollout is
-reproducible from the generator's state (saved in checkpoints); a token is drawn by inverting the
-cumulative distribution with one uniform number per row.
+compute the rows still generating. Sampling uses a caller-owned `torch.Generator` on the model's device,
+so a rollout is reproducible from the generator's state (saved in checkpoints); a token is drawn by
+inverting the cumulative distribution with one uniform number per row.
 The log-prob of a sampled token is log softmax(logits / temperature), TRL's convention (top-p only
 restricts which tokens can be drawn). These are the sampling policy's log-probs; the trainer
 recomputes the importance-ratio denominator in its own micro-batch layout (see trainer.py).
@@ -161,33 +161,35 @@ def generate(
     lengths = torch.zeros(n, dtype=torch.long, device=device)
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     alive = torch.arange(n, device=device)  # rows of the full batch still generating, in cache order
-    for step in range(max_new_tokens):
-        scaled = logits.float() / (1.0 if greedy else temperature)
-        log_probs = scaled.log_softmax(-1)
-        if greedy:
-            token = scaled.argmax(-1)
-        else:
-            candidates = _top_p_filter(scaled, top_p) if top_p < 1.0 else scaled
-            token = sample_tokens(candidates.softmax(-1), generator)
-        tokens[alive, step] = token
-        logps[alive, step] = log_probs.gather(-1, token.unsqueeze(1)).squeeze(1)
-        lengths[alive] += 1
-        done = torch.isin(token, eos)
-        finished[alive[done]] = True
-        if step == max_new_tokens - 1 or bool(done.all()):
-            break
-        if bool(done.any()):  # finished rows leave the batch and its cache
-            keep = (~done).nonzero().squeeze(1)
-            alive, token, attn, next_pos = alive[keep], token[keep], attn[keep], next_pos[keep]
-            cache.batch_select_indices(keep)
-        if not cascade:
-            attn = torch.cat([attn, attn.new_ones((len(alive), 1))], dim=1)
-        attention = {"cascade": cache} if cascade else {"attention_mask": attn}
-        with cascade_attention(model) if cascade else nullcontext():
+    with cascade_attention(model) if cascade else nullcontext():
+        for step in range(max_new_tokens):
+            scaled = logits.float() / (1.0 if greedy else temperature)
+            log_probs = scaled.log_softmax(-1)
+            if greedy:
+                token = scaled.argmax(-1)
+            else:
+                candidates = _top_p_filter(scaled, top_p) if top_p < 1.0 else scaled
+                token = sample_tokens(candidates.softmax(-1), generator)
+            tokens[alive, step] = token
+            logps[alive, step] = log_probs.gather(-1, token.unsqueeze(1)).squeeze(1)
+            lengths[alive] += 1
+            done = torch.isin(token, eos)
+            finished[alive[done]] = True
+            if step == max_new_tokens - 1 or bool(done.all()):
+                break
+            if bool(done.any()):  # finished rows leave the batch and its cache
+                keep = (~done).nonzero().squeeze(1)
+                alive, token, attn, next_pos = alive[keep], token[keep], attn[keep], next_pos[keep]
+                cache.batch_select_indices(keep)
+            if cascade:
+                attention = {"cascade": cache}
+            else:
+                attn = torch.cat([attn, attn.new_ones((len(alive), 1))], dim=1)
+                attention = {"attention_mask": attn}
             out = model(input_ids=token.unsqueeze(1), position_ids=next_pos.unsqueeze(1), past_key_values=cache,
                         use_cache=True, **attention)
-        logits = out.logits[:, -1, :]
-        next_pos = next_pos + 1
+            logits = out.logits[:, -1, :]
+            next_pos = next_pos + 1
     t2 = time.perf_counter()
     lengths_list, tokens_list, logps_list = lengths.tolist(), tokens.tolist(), logps.tolist()
     return Generation(
