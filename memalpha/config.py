@@ -71,6 +71,10 @@ class RewardConfig(_Section):
     content_gate: bool = True
     """Scale r2 and r4 of a chunk that holds evidence by its coverage, and count an explicit skip of a
     chunk that holds none as a correct action. Off (with coverage_weight 0): the paper's reward."""
+    retention: bool = True
+    """Scale a chunk's content credit (and, under the content gate, r2 and r4) by the share of the
+    answers the memory supported before it that it left supported: overwriting a stored answer with
+    small talk costs what storing it earned (docs/REWARDS.md)."""
     reader_view: Literal["whole_if_fits", "retrieve"] = "whole_if_fits"
     """What r1's reader sees in training: the whole memory when it fits memory.reader_view_tokens
     (else retrieval), or always the retrieved entries as in evaluation."""

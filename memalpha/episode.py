@@ -35,6 +35,8 @@ from memalpha.rewards import (
     chunk_rewards,
     coverage_chunks,
     llm_verdicts,
+    memory_support,
+    retention,
 )
 from memalpha.tokens import TokenCounter
 from memalpha.tools import ToolResult, execute_text
@@ -55,6 +57,10 @@ class Step:
     support: dict[int, float] = field(default_factory=dict)
     """Question index -> how far this step's writes support its answer, for the questions this chunk
     can make answerable."""
+    memory_support: dict[int, float] = field(default_factory=dict)
+    """Question index -> how far the whole memory after this step supports its answer (`memory_support`)."""
+    retention: float = 1.0
+    """Share of the memory's answer support before this step that survived it (`rewards.retention`)."""
 
 
 def truncate_for_training(instances: list[Instance], max_chunks: int) -> tuple[list[Instance], int]:
@@ -174,7 +180,10 @@ class Episode:
             written = self._written(results)
             for j in self._relevant[t]:
                 support[j] = answer_support(self.instance.questions[j], written, chunk_text, self.whole_memory)
-        step = Step(t, prompt, completion, parsed, results, self.store.token_count(), self.store.entry_count(), support)
+        supported = memory_support(self.instance.questions, self.whole_memory())
+        kept = retention(self.steps[-1].memory_support if self.steps else {}, supported)
+        step = Step(t, prompt, completion, parsed, results, self.store.token_count(), self.store.entry_count(), support,
+                    supported, kept)
         self.steps.append(step)
         self._view = None
         return step
@@ -261,7 +270,8 @@ def score_episodes(episodes: list[Episode], config: RunConfig, reader, judge=Non
             attributed = attribution_credit([episode_answers[j]["score"] for j in unanchored],
                                             [episode_shown[j] for j in unanchored], len(episode.steps))
         coverage = chunk_coverage([step.support for step in episode.steps],
-                                  episode.relevant_questions[: len(episode.steps)], attributed)
+                                  episode.relevant_questions[: len(episode.steps)], attributed,
+                                  [step.retention for step in episode.steps])
         rewards = chunk_rewards(
             qa_score, results, [step.parse.nothing_to_store for step in episode.steps], episode.store.token_count(),
             sum(episode.store.count_tokens(c) for c in episode.instance.chunks[: len(episode.steps)]), config.reward,
@@ -284,7 +294,8 @@ def score_step(episode: Episode, config: RunConfig, judge=None) -> RewardBreakdo
         descriptions = {s.name: s.description for s in episode.store.schema.sections}
         verdicts = llm_verdicts(results, episode.instance.chunks[: t + 1], judge, episode.store, descriptions)
     unanchored = any(q.evidence_chunks is None for q in episode.instance.questions)
-    [coverage] = chunk_coverage([step.support], [episode.relevant_questions[t]], [0.0] if unanchored else None)
+    [coverage] = chunk_coverage([step.support], [episode.relevant_questions[t]], [0.0] if unanchored else None,
+                                [step.retention])
     # input tokens 0: r3 needs a useful final memory, so it is 0 here whatever the input (no tokenising)
     rewards = chunk_rewards(0.0, results, [False] * t + [step.parse.nothing_to_store], episode.store.token_count(),
                             0, config.reward, memory=episode.store, verdicts=verdicts, coverage=[coverage] * (t + 1))

@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-Emit = Callable[[str], None]
+from memalpha.rewards import REWARD_COMPONENTS
 
-REWARD_PARTS = ("r1", "r2", "r3", "r4", "coverage")
+Emit = Callable[[str], None]
 
 
 def duration(seconds: float) -> str:
@@ -46,7 +46,7 @@ def grpo_line(step: int, total: int, metrics: dict[str, float], meter: StepMeter
               warm_start_qa: float | None = None) -> str:
     """The line of one GRPO step: reward and its parts, and the held-out QA when it was evaluated (beside
     the warm start's, when known)."""
-    parts = " ".join(f"{name} {metrics[f'rewards/{name}/mean']:.2f}" for name in REWARD_PARTS
+    parts = " ".join(f"{name} {metrics[f'rewards/{name}/mean']:.2f}" for name in REWARD_COMPONENTS
                      if f"rewards/{name}/mean" in metrics)
     line = f"grpo step {step}/{total} | reward {metrics.get('reward', float('nan')):.3f} ({parts})"
     if "eval/qa_score" in metrics:

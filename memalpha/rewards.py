@@ -46,12 +46,14 @@ class RewardBreakdown:
     r4: float
     total: float
     coverage: float = 0.0
-    """Content credit of the chunk (1 for a chunk that holds no evidence)."""
+    """Content credit of the chunk (1 for a chunk that holds no evidence), times its retention."""
     holds_evidence: bool | None = None
     calls: int = 0
     executed: int = 0
     valid: int = 0
     nothing_to_store: bool = False
+    retention: float = 1.0
+    """Share of the answer support the memory had before the chunk that survived it (`retention`)."""
 
     def to_dict(self) -> dict[str, float | int | bool]:
         return asdict(self)
@@ -366,6 +368,30 @@ def compression(memory_tokens: int, input_tokens: int) -> float:
     return min(1.0, max(0.0, 1.0 - memory_tokens / input_tokens))
 
 
+REWARD_COMPONENTS = ("r1", "r2", "r3", "r4", "coverage", "retention")
+"""The `RewardBreakdown` fields logged as `rewards/<name>/mean`."""
+
+
+def memory_support(questions: Sequence[Question], memory_text: str) -> dict[int, float]:
+    """Question index -> `answer_support` of the whole memory, for the questions it supports at all."""
+    support = {}
+    for j, question in enumerate(questions):
+        value = answer_support(question, memory_text, memory_text, lambda: memory_text)
+        if value > 0:
+            support[j] = value
+    return support
+
+
+def retention(before: dict[int, float], after: dict[int, float]) -> float:
+    """Share of the memory's answer support before a step that the step left (`memory_support` before and
+    after it): 1 when nothing was supported or nothing was lost. A write that overwrites a stored answer
+    with small talk lowers it; supporting more answers than before cannot make up for one lost."""
+    total = sum(before.values())
+    if total <= 0:
+        return 1.0
+    return sum(min(after.get(j, 0.0), value) for j, value in before.items()) / total
+
+
 @dataclass(frozen=True)
 class ChunkCoverage:
     """The content credit of one chunk (see `chunk_coverage`)."""
@@ -374,27 +400,32 @@ class ChunkCoverage:
     holds_evidence: bool | None
     """True: some question's coverage chunks include it; False: all questions have evidence indices and
     none points here; None: unknown (questions without evidence indices; `value` is attributed credit)."""
+    retention: float = 1.0
+    """`retention` of the step: the content credit and the gate are scaled by it."""
 
 
 def chunk_coverage(
     supports: Sequence[dict[int, float]],
     relevant: Sequence[Sequence[int]],
     attributed: Sequence[float] | None = None,
+    retained: Sequence[float] | None = None,
 ) -> list[ChunkCoverage]:
     """Coverage of every chunk of one rollout.
 
     supports[t]: question index -> `answer_support` of what chunk t wrote, for the questions in
     relevant[t] (those whose `coverage_chunks` include t). attributed: `attribution_credit` for the
-    instance's questions without evidence indices, or None when every question has them.
+    instance's questions without evidence indices, or None when every question has them. retained[t]:
+    the `retention` of step t (None: every step kept everything).
     """
     out = []
     for t, questions in enumerate(relevant):
+        kept = 1.0 if retained is None else retained[t]
         if questions:
-            out.append(ChunkCoverage(sum(supports[t].get(j, 0.0) for j in questions) / len(questions), True))
+            out.append(ChunkCoverage(sum(supports[t].get(j, 0.0) for j in questions) / len(questions), True, kept))
         elif attributed is not None:
-            out.append(ChunkCoverage(attributed[t], None))
+            out.append(ChunkCoverage(attributed[t], None, kept))
         else:
-            out.append(ChunkCoverage(0.0, False))
+            out.append(ChunkCoverage(0.0, False, kept))
     return out
 
 
@@ -446,8 +477,11 @@ def chunk_rewards(
         else:
             r2 = cfg.nothing_to_store_r2 if skip and useful else 0.0
             r4 = 0.0
-        content = 1.0 if evidence is False else credit.value  # a chunk without evidence has nothing to miss
-        gate = content if cfg.content_gate and evidence else 1.0
+        kept = credit.retention if cfg.retention else 1.0
+        # a chunk without evidence has nothing to miss, but can still overwrite what earlier chunks stored
+        content = (1.0 if evidence is False else credit.value) * kept
+        gate = (content if evidence else kept) if cfg.content_gate else 1.0
         total = qa_score + cfg.coverage_weight * content + gate * (r2 + cfg.gamma * r4) + cfg.beta * r3
-        out.append(RewardBreakdown(qa_score, r2, r3, r4, total, content, evidence, calls, executed, n_valid, skip))
+        out.append(RewardBreakdown(qa_score, r2, r3, r4, total, content, evidence, calls, executed, n_valid, skip,
+                                   retention=credit.retention))
     return out

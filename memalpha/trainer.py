@@ -39,6 +39,7 @@ from memalpha.grpo import (
     SharedPrefix, completion_logps, compute_advantages, group_ids, group_std, grpo_loss, shared_prompt_logps,
 )
 from memalpha.progress import SFTProgress
+from memalpha.rewards import REWARD_COMPONENTS
 from memalpha.rollout import RolloutBatch, Sample, collect_rollouts, collect_step_rollouts
 from memalpha.tools import TOOL_NAMES
 
@@ -46,7 +47,6 @@ log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 SFT_DIR = "sft"
-REWARD_COMPONENTS = ("r1", "r2", "r3", "r4", "coverage")
 
 
 @dataclass
@@ -542,7 +542,7 @@ def samples_frame(samples: list[Sample]) -> pl.DataFrame:
             "parsed_calls": json.dumps([c.to_dict() for c in s.parse.calls]),
             "results": json.dumps([x.to_dict() for x in s.results], default=str),
             "memory": s.memory_json,
-            "r1": r.r1, "r2": r.r2, "r3": r.r3, "r4": r.r4, "coverage": r.coverage, "holds_evidence": r.holds_evidence,
+            "r1": r.r1, "r2": r.r2, "r3": r.r3, "r4": r.r4, "coverage": r.coverage, "retention": r.retention, "holds_evidence": r.holds_evidence,
             "reward": r.total, "advantage": s.advantage, "guided": s.guided,
             "calls": r.calls, "executed": r.executed, "valid": r.valid, "nothing_to_store": r.nothing_to_store,
             "prompt_tokens": len(s.prompt_ids), "completion_tokens": len(s.completion_ids), "truncated": s.truncated,

@@ -7,11 +7,11 @@ import pytest
 
 from memalpha.config import RunConfig
 from memalpha.data.schema import Instance, Question
-from memalpha.episode import Episode, score_episodes
+from memalpha.episode import Episode, score_episodes, score_step
 from memalpha.memory.schema import MEMALPHA_SCHEMA
 from memalpha.models.readers import EvidenceReader
 from memalpha.parsing import NOTHING_TO_STORE
-from memalpha.rewards import answer_support, attribution_credit, coverage_chunks
+from memalpha.rewards import answer_support, attribution_credit, coverage_chunks, retention
 from memalpha.tokens import regex_token_count
 
 CFG = RunConfig()
@@ -41,9 +41,18 @@ WRITERS = {
 }
 
 
-def run(completions: list[str], questions=QUESTIONS, config=CFG):
+def update(memory_id: str, content: str, section: str = "semantic") -> str:
+    return json.dumps({"name": "memory_update", "arguments": {"memory_type": section, "memory_id": memory_id,
+                                                              "new_content": content}})
+
+
+def new_episode(questions=QUESTIONS, config=CFG) -> Episode:
     instance = Instance("fixture", "test", "accurate_retrieval", CHUNKS, questions, {})
-    episode = Episode(instance, MEMALPHA_SCHEMA, config.memory, config.retrieval, regex_token_count)
+    return Episode(instance, MEMALPHA_SCHEMA, config.memory, config.retrieval, regex_token_count)
+
+
+def run(completions: list[str], questions=QUESTIONS, config=CFG):
+    episode = new_episode(questions, config)
     for completion in completions:
         episode.step(completion)
     [score] = score_episodes([episode], config, EvidenceReader())
@@ -140,3 +149,38 @@ def test_the_paper_reward_is_still_expressible(scored):
     assert skip.r2 == 0.0 and skip.r4 == 0.0  # the paper gives a chunk without calls nothing
     write = score.rewards[0]
     assert write.total == pytest.approx(write.r1 + write.r2 + 0.05 * write.r3 + 0.1 * write.r4)
+
+
+def test_retention_is_the_share_of_earlier_support_left():
+    assert retention({}, {}) == 1.0
+    assert retention({0: 1.0, 1: 1.0}, {0: 1.0}) == 0.5
+    assert retention({0: 1.0, 1: 0.5}, {0: 1.0, 1: 1.0, 2: 1.0}) == 1.0  # gains do not count
+    assert retention({0: 1.0, 1: 1.0}, {1: 1.0, 2: 1.0}) == 0.5  # nor make up for a loss
+
+
+def test_overwriting_a_stored_answer_scores_below_skipping_the_chunk():
+    def step_reward(completion, config=CFG):
+        episode = new_episode(config=config)
+        episode.step(insert("Maya signed with Northwind Robotics in May 2024."))
+        step = episode.step(completion)
+        return step, score_step(episode, config)
+
+    overwrite = update("sem-1", "Maya and Leo talked about the sunny weather.")
+    step, destroyed = step_reward(overwrite)
+    assert step.retention == 0.0 and step.memory_support == {}
+    skip_step, skipped = step_reward(NOTHING_TO_STORE)
+    assert skip_step.retention == 1.0 and skip_step.memory_support == {0: 1.0}
+    assert destroyed.coverage == 0.0 and destroyed.r2 == 1.0  # the update ran, and cost the answer
+    assert destroyed.total < skipped.total
+    assert skipped.total == pytest.approx(step_reward(insert("Maya and Leo enjoy walks in the sun."))[1].total)
+
+    kept_off = CFG.model_copy(update={"reward": CFG.reward.model_copy(update={"retention": False})})
+    assert step_reward(overwrite, kept_off)[1].total == pytest.approx(step_reward(NOTHING_TO_STORE, kept_off)[1].total)
+
+
+def test_a_trajectory_that_overwrites_an_answer_loses_credit_on_that_chunk(scored):
+    kept = scored["facts"]
+    lost = run([WRITERS["facts"][0], update("sem-1", "Leo likes sunny weather."), WRITERS["facts"][2]])
+    assert lost.rewards[1].retention == 0.0 and kept.rewards[1].retention == 1.0
+    assert lost.rewards[1].total < kept.rewards[1].total
+    assert lost.qa_score < kept.qa_score
