@@ -53,7 +53,7 @@ OVERRIDES = [
 ]
 READER_NOTE = {"evidence": " (it answers whenever a gold answer occurs in the context: an upper bound for methods that keep raw text)"}
 HELD_OUT_KEYS = ("eval/qa", "warm_start/eval/qa", "best/", "guidance/")
-CURVE_KEYS = ("reward", "qa_score", "rewards/coverage/mean", "rewards/r2/mean", "rewards/r4/mean",
+CURVE_KEYS = ("reward", "qa_score", "rewards/coverage/mean", "rewards/retention/mean", "rewards/r2/mean", "rewards/r4/mean",
               "tool_calls/success_rate", "tool_calls/nothing_to_store", "frac_reward_zero_std", "timing/step_s")
 
 
@@ -97,6 +97,7 @@ def compare(config, instances, method: str, model: Path | None = None) -> dict[s
         "qa": float(questions["score"].mean()),
         "qa_by_competency": {c: float(questions.filter(questions["competency"] == c)["score"].mean()) for c in COMPETENCIES},
         "memory_tokens": float(result.instances["memory_tokens"].mean()),
+        "answers_lost": result.instances["answers_lost"].mean(),
         "stale_answers": int(stale),
         "seconds": round(sum(result.info["method_seconds"].values()), 1),
     }
@@ -217,7 +218,7 @@ def plot(results: dict[str, Any]) -> None:
     sft_ax.legend(fontsize=8)
     curve = results["curve"]
     steps = [p["step"] for p in curve]
-    for key in ("reward", "rewards/coverage/mean", "rewards/r2/mean", "qa_score"):
+    for key in ("reward", "rewards/coverage/mean", "rewards/retention/mean", "rewards/r2/mean", "qa_score"):
         grpo_ax.plot(steps, [p[key] for p in curve], label=key, alpha=0.8)
     held = [(0, p["warm_start/eval/qa_score"]) for p in curve[:1] if "warm_start/eval/qa_score" in p]
     held += [(p["step"], p["eval/qa_score"]) for p in curve if "eval/qa_score" in p]
@@ -255,23 +256,27 @@ def to_markdown(results: dict[str, Any]) -> str:
         f"Held-out test: {s['test_instances']} instances ({s['test_questions']} questions) of "
         f"{', '.join(COMPETENCIES)}, {s['test_chunks']} chunks each, generator seed {s['test_seed']}; greedy; "
         f"{s['reader']} reader{READER_NOTE.get(s['reader'], '')}; {s['retrieval']}. qa_spread: {s['qa_spread']}.", "",
-        "| method | qa | qa_spread | " + " | ".join(COMPETENCIES) + " | memory tokens | stale conflict answers |",
-        "|---|---|---|" + "---|" * len(COMPETENCIES) + "---|---|",
+        "| method | qa | qa_spread | " + " | ".join(COMPETENCIES) + " | memory tokens | stale conflict answers | answers lost |",
+        "|---|---|---|" + "---|" * len(COMPETENCIES) + "---|---|---|",
     ]
     for name, m in results["methods"].items():
         spread = f"{m['qa_spread']:.3f}" if "qa_spread" in m else ""
+        lost = f"{m['answers_lost']:.2f}" if m.get("answers_lost") is not None else ""
         lines.append(f"| {name} | {m['qa']:.3f} | {spread} | "
                      + " | ".join(f"{m['qa_by_competency'][c]:.3f}" for c in COMPETENCIES)
-                     + f" | {m['memory_tokens']:.0f} | {m['stale_answers']} |")
+                     + f" | {m['memory_tokens']:.0f} | {m['stale_answers']} | {lost} |")
     lines += ["", "Targets: " + ", ".join(f"{k}: {v}" for k, v in t.items()), "",
               "![SFT curve, GRPO curve, held-out comparison](learning.png)", "", "## Warm start (held-out extraction per epoch)", "",
               "| epoch | step | evidence recall | valid calls | skip accuracy |", "|---|---|---|---|---|"]
     for e in results["sft_epochs"]:
         lines.append(f"| {e['epoch']} | {e['step']} | {e['evidence_recall']:.3f} | {e['valid_calls']:.3f} | {e['skip_accuracy']:.3f} |")
-    lines += ["", "## GRPO curve", "", "| step | reward | coverage | r2 | rollout QA | held-out QA | zero-std groups | step s |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "`answers lost`: per instance, answers the memory held after some chunk and no longer held at the end.",
+              "", "## GRPO curve", "",
+              "| step | reward | coverage | retention | r2 | rollout QA | held-out QA | zero-std groups | step s |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for p in results["curve"]:
         held = f"{p['eval/qa_score']:.3f}" if "eval/qa_score" in p else ""
-        lines.append(f"| {p['step']} | {p['reward']:.3f} | {p['rewards/coverage/mean']:.3f} | {p['rewards/r2/mean']:.3f} | "
+        lines.append(f"| {p['step']} | {p['reward']:.3f} | {p['rewards/coverage/mean']:.3f} | {p['rewards/retention/mean']:.3f} | "
+                     f"{p['rewards/r2/mean']:.3f} | "
                      f"{p['qa_score']:.3f} | {held} | {p['frac_reward_zero_std']:.2f} | {p['timing/step_s']:.0f} |")
     return "\n".join(lines) + "\n"

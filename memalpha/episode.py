@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 from memalpha.config import MemoryConfig, RetrievalConfig, RunConfig
 from memalpha.data.schema import Instance, Question
@@ -61,6 +62,15 @@ class Step:
     """Question index -> how far the whole memory after this step supports its answer (`memory_support`)."""
     retention: float = 1.0
     """Share of the memory's answer support before this step that survived it (`rewards.retention`)."""
+
+
+def answers_lost(steps: Sequence[Step]) -> int:
+    """Questions whose answer the whole memory fully supported after some step but no longer does after
+    the last one: stored, then overwritten or deleted."""
+    if not steps:
+        return 0
+    held = {j for step in steps for j, value in step.memory_support.items() if value >= 1.0}
+    return sum(steps[-1].memory_support.get(j, 0.0) < 1.0 for j in held)
 
 
 def truncate_for_training(instances: list[Instance], max_chunks: int) -> tuple[list[Instance], int]:

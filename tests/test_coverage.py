@@ -7,7 +7,7 @@ import pytest
 
 from memalpha.config import RunConfig
 from memalpha.data.schema import Instance, Question
-from memalpha.episode import Episode, score_episodes, score_step
+from memalpha.episode import Episode, answers_lost, score_episodes, score_step
 from memalpha.memory.schema import MEMALPHA_SCHEMA
 from memalpha.models.readers import EvidenceReader
 from memalpha.parsing import NOTHING_TO_STORE
@@ -184,3 +184,13 @@ def test_a_trajectory_that_overwrites_an_answer_loses_credit_on_that_chunk(score
     assert lost.rewards[1].retention == 0.0 and kept.rewards[1].retention == 1.0
     assert lost.rewards[1].total < kept.rewards[1].total
     assert lost.qa_score < kept.qa_score
+
+
+def test_answers_lost_counts_answers_stored_then_overwritten():
+    episode = new_episode()
+    episode.step(insert("Maya signed with Northwind Robotics in May 2024."))
+    episode.step(NOTHING_TO_STORE)
+    assert answers_lost(episode.steps) == 0
+    episode.step(update("sem-1", "Maya adopted a parrot named Kiwi."))  # the new answer replaced the old one
+    assert episode.steps[-1].memory_support == {1: 1.0}
+    assert answers_lost(episode.steps) == 1 and answers_lost([]) == 0

@@ -91,6 +91,8 @@ def test_rule_writer_builds_a_small_memory_and_updates_conflicts(result):
     rows = result.instances.filter(pl.col("method") == "rule_writer")
     assert all(c > 0.5 for c in rows["compression"])
     assert rows["tool_calls"].sum() > 0 and rows["tool_calls_ok"].sum() == rows["tool_calls"].sum()
+    assert rows["answers_lost"].to_list() == [0] * len(rows)  # it updates stale values, never an answer
+    assert result.instances.filter(pl.col("method") == "rag")["answers_lost"].null_count() == len(rows)
 
 
 def test_metrics_and_info(result):
@@ -100,6 +102,7 @@ def test_metrics_and_info(result):
     assert metrics["rag/score"] == pytest.approx(0.5)
     assert metrics["rule_writer/tool_success"] == 1.0
     assert "rag/tool_success" not in metrics
+    assert metrics["rule_writer/answers_lost"] == 0.0 and "rag/answers_lost" not in metrics
     assert metrics["long_context/conflict_resolution/score"] == 1.0
     assert result.info["methods"] == ["no_memory", "long_context", "rag", "rule_writer"]
     assert all(metrics[f"{m}/seconds"] >= 0 for m in result.info["methods"])

@@ -24,11 +24,11 @@ def _question(method, seed, instance, source, competency, qid, score):
     }
 
 
-def _instance(method, seed, instance, source, competency, memory, calls, ok, seconds):
+def _instance(method, seed, instance, source, competency, memory, calls, ok, seconds, lost=None):
     return {
         "method": method, "seed": seed, "instance_id": instance, "data_source": source, "competency": competency,
         "num_chunks": 2, "num_questions": 2, "input_tokens": 100, "memory_tokens": memory,
-        "compression": 1 - memory / 100, "tool_calls": calls, "tool_calls_ok": ok,
+        "compression": 1 - memory / 100, "tool_calls": calls, "tool_calls_ok": ok, "answers_lost": lost,
         "build_seconds": seconds, "answer_seconds": 1.0,
     }
 
@@ -49,10 +49,10 @@ def result() -> EvalResult:
         _question("closed", 0, "i2", "s2", "conflict_resolution", "q3", 1.0),
     ]
     instances = [
-        _instance("writer", 0, "i1", "s1", "accurate_retrieval", 10, 4, 3, 2.0),
-        _instance("writer", 0, "i2", "s2", "conflict_resolution", 30, 0, 0, 3.0),
-        _instance("writer", 1, "i1", "s1", "accurate_retrieval", 20, 2, 2, 4.0),
-        _instance("writer", 1, "i2", "s2", "conflict_resolution", 40, 2, 2, 5.0),
+        _instance("writer", 0, "i1", "s1", "accurate_retrieval", 10, 4, 3, 2.0, lost=1),
+        _instance("writer", 0, "i2", "s2", "conflict_resolution", 30, 0, 0, 3.0, lost=0),
+        _instance("writer", 1, "i1", "s1", "accurate_retrieval", 20, 2, 2, 4.0, lost=2),
+        _instance("writer", 1, "i2", "s2", "conflict_resolution", 40, 2, 2, 5.0, lost=1),
         _instance("closed", 0, "i1", "s1", "accurate_retrieval", 0, 0, 0, 0.0),
         _instance("closed", 0, "i2", "s2", "conflict_resolution", 0, 0, 0, 0.0),
     ]
@@ -73,6 +73,8 @@ def test_overall_score_is_plain_mean_over_sources_then_mean_and_std_over_seeds(r
     assert row["memory_tokens_std"] == pytest.approx(math.sqrt(2 * 5**2))
     # tool success is successful / all calls per seed: 3/4 and 4/4
     assert row["tool_success"] == pytest.approx((0.75 + 1.0) / 2)
+    # answers lost per instance: 0.5 in seed 0, 1.5 in seed 1
+    assert row["answers_lost"] == pytest.approx(1.0)
     # seconds: total build + answer time of a seed (7 and 11)
     assert row["seconds"] == pytest.approx(9.0)
 
@@ -121,8 +123,8 @@ def test_report_writes_tables_and_plots(result, tmp_path):
     result.info = {"data": "fixture", "seeds": [0, 1]}
     paths = write_report(result, tmp_path, title="Fixture")
     markdown = paths["markdown"].read_text()
-    assert "| writer | 0.625 ± 0.177 | 0.625 ± 0.177 | 25 ± 7 | 0.750 ± 0.071 | 0.875 ± 0.177 | 9.0 | 2 | 2 | 3 | 100 | 2 |" in markdown
-    assert "| closed | 0.500 | 0.500 | 0 | 1.000 | - |" in markdown
+    assert "| writer | 0.625 ± 0.177 | 0.625 ± 0.177 | 25 ± 7 | 0.750 ± 0.071 | 0.875 ± 0.177 | 1.000 | 9.0 | 2 | 2 | 3 | 100 | 2 |" in markdown
+    assert "| closed | 0.500 | 0.500 | 0 | 1.000 | - | - |" in markdown
     summary = pl.read_csv(paths["summary_csv"])
     assert summary["score"].to_list() == pytest.approx([0.625, 0.5])
     assert pl.read_csv(paths["by_competency_csv"]).height == 4

@@ -30,7 +30,7 @@ import yaml
 from memalpha.checkpoint import ADAPTER, BEST, latest_checkpoint
 from memalpha.config import EVAL_METHODS, RunConfig
 from memalpha.data.schema import Instance
-from memalpha.episode import Episode
+from memalpha.episode import Episode, answers_lost
 from memalpha.errors import UserError
 from memalpha.memory import MemoryStore, get_schema, reader_view, truncate_to_tokens
 from memalpha.models.policy import ADAPTER_CONFIG
@@ -57,6 +57,8 @@ class Built:
     """Time spent building (for batched methods, the batch's time shared evenly over its instances)."""
     memory: dict[str, Any] | None = None
     """The finished memory (MemoryStore.to_dict) for memory methods, kept for inspection."""
+    answers_lost: int | None = None
+    """For memory writers: answers the memory held after some chunk and lost by the end (`answers_lost`)."""
 
 
 @dataclass
@@ -211,7 +213,8 @@ class RuleWriterMethod(Method):
         for inst in instances:
             episode = Episode(inst, self.env.schema, cfg.memory, cfg.retrieval, self.env.count_tokens,
                               embedder=self.env.embedder)
-            results = [r for step in run_rule_writer(episode, writer) for r in step.results]
+            steps = list(run_rule_writer(episode, writer))
+            results = [r for step in steps for r in step.results]
             built.append(
                 Built(
                     contexts=self.env.memory_contexts(episode.store, episode.index, inst),
@@ -219,6 +222,7 @@ class RuleWriterMethod(Method):
                     tool_calls=len(results),
                     tool_calls_ok=sum(r.ok for r in results),
                     memory=episode.store.to_dict(),
+                    answers_lost=answers_lost(steps),
                 )
             )
         return built
@@ -277,7 +281,8 @@ class PolicyMethod(Method):
                 f"{max(len(i.chunks) for i in batch)} chunk steps, {rollouts.generated_tokens:,} tokens generated) in {elapsed:.1f} s"
             )
             for b, (inst, store) in enumerate(zip(batch, rollouts.memories)):
-                results = [res for sample in rollouts.samples if sample.instance_index == b for res in sample.results]
+                steps = sorted((s.step for s in rollouts.samples if s.instance_index == b), key=lambda step: step.chunk)
+                results = [res for step in steps for res in step.results]
                 index = MemoryIndex(store, self.env.config.retrieval, self.env.embedder)
                 built.append(Built(
                     contexts=self.env.memory_contexts(store, index, inst),
@@ -286,6 +291,7 @@ class PolicyMethod(Method):
                     tool_calls_ok=sum(r.ok for r in results),
                     seconds=seconds,
                     memory=store.to_dict(),
+                    answers_lost=answers_lost(steps),
                 ))
         return built
 

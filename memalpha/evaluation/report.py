@@ -18,6 +18,7 @@ SUMMARY_COLUMNS = [
     ("memory_tokens", "memory tokens"),
     ("compression", "compression"),
     ("tool_success", "tool-call success"),
+    ("answers_lost", "answers lost"),
     ("seconds", "time (s)"),
     ("sources", "sources"),
     ("instances", "instances"),
