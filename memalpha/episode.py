@@ -64,13 +64,18 @@ class Step:
     """Share of the memory's answer support before this step that survived it (`rewards.retention`)."""
 
 
-def answers_lost(steps: Sequence[Step]) -> int:
+def answers_lost(supports: Sequence[dict[int, float]]) -> int:
     """Questions whose answer the whole memory fully supported after some step but no longer does after
-    the last one: stored, then overwritten or deleted."""
-    if not steps:
+    the last one (stored, then overwritten or deleted). supports[t]: `memory_support` after step t."""
+    if not supports:
         return 0
-    held = {j for step in steps for j, value in step.memory_support.items() if value >= 1.0}
-    return sum(steps[-1].memory_support.get(j, 0.0) < 1.0 for j in held)
+    held = {j for support in supports for j, value in support.items() if value >= 1.0}
+    return sum(supports[-1].get(j, 0.0) < 1.0 for j in held)
+
+
+def whole_memory_text(store: MemoryStore) -> str:
+    """Every paragraph and entry of `store`, rendered as a view without a budget."""
+    return whole_view(store, budget_tokens=10**9) or ""
 
 
 def truncate_for_training(instances: list[Instance], max_chunks: int) -> tuple[list[Instance], int]:
@@ -214,7 +219,7 @@ class Episode:
 
     def whole_memory(self) -> str:
         """Every paragraph and entry, rendered as a view without a budget."""
-        return whole_view(self.store, budget_tokens=10**9) or ""
+        return whole_memory_text(self.store)
 
     def copy(self) -> Episode:
         """An independent episode at the same position with the same memory."""

@@ -190,7 +190,7 @@ def test_answers_lost_counts_answers_stored_then_overwritten():
     episode = new_episode()
     episode.step(insert("Maya signed with Northwind Robotics in May 2024."))
     episode.step(NOTHING_TO_STORE)
-    assert answers_lost(episode.steps) == 0
+    assert answers_lost([step.memory_support for step in episode.steps]) == 0
     episode.step(update("sem-1", "Maya adopted a parrot named Kiwi."))  # the new answer replaced the old one
     assert episode.steps[-1].memory_support == {1: 1.0}
-    assert answers_lost(episode.steps) == 1 and answers_lost([]) == 0
+    assert answers_lost([step.memory_support for step in episode.steps]) == 1 and answers_lost([]) == 0

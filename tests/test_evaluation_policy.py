@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import polars as pl
 import pytest
 
+from memalpha import rollout
 from memalpha.config import load_config
+from memalpha.episode import Episode
 from memalpha.errors import UserError
 from memalpha.evaluation import evaluate, resolve_adapter
+from memalpha.memory.schema import MEMALPHA_SCHEMA
 from memalpha.models.policy import load_policy
+from memalpha.parsing import NOTHING_TO_STORE
+from memalpha.rollout import RolloutBatch, Sample
+from memalpha.tokens import regex_token_count
 
 from test_evaluation_methods import _instances  # the shared hand-written fixture
 
@@ -82,3 +89,38 @@ def test_resolve_adapter_layouts(adapter, tmp_path):
         resolve_adapter(tmp_path)
     with pytest.raises(UserError, match="no such file"):
         resolve_adapter(tmp_path / "missing")
+
+
+def _insert(content: str) -> str:
+    return json.dumps({"name": "memory_insert", "arguments": {"memory_type": "semantic", "content": content}})
+
+
+def _update(memory_id: str, content: str) -> str:
+    return json.dumps({"name": "memory_update",
+                       "arguments": {"memory_type": "semantic", "memory_id": memory_id, "new_content": content}})
+
+
+SCRIPT = {  # a writer that stores Alice's allergy, then overwrites it; and one that resolves the conflict
+    "fixture-ar": [_insert("Alice is allergic to hazelnuts."), _update("sem-1", "Bob watched the game last night."),
+                   _insert("Bob's favourite city is Lisbon.")],
+    "fixture-cr": [_insert("Carol's gate code is 4471."), NOTHING_TO_STORE, _update("sem-1", "Carol's gate code is now 9052.")],
+}
+
+
+def test_policy_answers_lost_are_read_off_each_steps_memory(config, adapter, monkeypatch):
+    def scripted_rollouts(policy, instances, rollout_config, **_):
+        batch = RolloutBatch(instances, num_generations=1)
+        for b, inst in enumerate(instances):
+            assert inst.questions == []  # the policy writes without seeing the questions
+            episode = Episode(inst, MEMALPHA_SCHEMA, rollout_config.memory, rollout_config.retrieval, regex_token_count)
+            for completion in SCRIPT[inst.instance_id]:
+                step = episode.step(completion)
+                batch.samples.append(Sample(b, inst.instance_id, 0, step, [], [], [], False, False, episode.store.to_json()))
+            batch.memories.append(episode.store)
+        return batch
+
+    monkeypatch.setattr(rollout, "collect_rollouts", scripted_rollouts)
+    result = evaluate(config, methods=["policy"], model_uri=resolve_adapter(adapter), instances=_instances(), progress=None)
+    lost = dict(zip(result.instances["instance_id"], result.instances["answers_lost"]))
+    assert lost == {"fixture-ar": 1, "fixture-cr": 0}  # replacing a superseded value loses no answer
+    assert result.metrics()["policy/answers_lost"] == 0.5

@@ -30,10 +30,11 @@ import yaml
 from memalpha.checkpoint import ADAPTER, BEST, latest_checkpoint
 from memalpha.config import EVAL_METHODS, RunConfig
 from memalpha.data.schema import Instance
-from memalpha.episode import Episode, answers_lost
+from memalpha.episode import Episode, answers_lost, whole_memory_text
 from memalpha.errors import UserError
 from memalpha.memory import MemoryStore, get_schema, reader_view, truncate_to_tokens
 from memalpha.models.policy import ADAPTER_CONFIG
+from memalpha.rewards import memory_support
 from memalpha.retrieval import ChunkIndex, MemoryIndex
 from memalpha.rule_writer import rule_writer_for, run_rule_writer
 from memalpha.tokens import TokenCounter
@@ -222,7 +223,7 @@ class RuleWriterMethod(Method):
                     tool_calls=len(results),
                     tool_calls_ok=sum(r.ok for r in results),
                     memory=episode.store.to_dict(),
-                    answers_lost=answers_lost(steps),
+                    answers_lost=answers_lost([step.memory_support for step in steps]),
                 )
             )
         return built
@@ -281,8 +282,11 @@ class PolicyMethod(Method):
                 f"{max(len(i.chunks) for i in batch)} chunk steps, {rollouts.generated_tokens:,} tokens generated) in {elapsed:.1f} s"
             )
             for b, (inst, store) in enumerate(zip(batch, rollouts.memories)):
-                steps = sorted((s.step for s in rollouts.samples if s.instance_index == b), key=lambda step: step.chunk)
-                results = [res for step in steps for res in step.results]
+                samples = sorted((s for s in rollouts.samples if s.instance_index == b), key=lambda s: s.chunk)
+                results = [res for sample in samples for res in sample.results]
+                # the policy wrote without the questions: their support is read off each step's memory now
+                supports = [memory_support(inst.questions, whole_memory_text(MemoryStore.from_json(s.memory_json)))
+                            for s in samples]
                 index = MemoryIndex(store, self.env.config.retrieval, self.env.embedder)
                 built.append(Built(
                     contexts=self.env.memory_contexts(store, index, inst),
@@ -291,7 +295,7 @@ class PolicyMethod(Method):
                     tool_calls_ok=sum(r.ok for r in results),
                     seconds=seconds,
                     memory=store.to_dict(),
-                    answers_lost=answers_lost(steps),
+                    answers_lost=answers_lost(supports),
                 ))
         return built
 
