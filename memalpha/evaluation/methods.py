@@ -34,8 +34,8 @@ from memalpha.episode import Episode, answers_lost, whole_memory_text
 from memalpha.errors import UserError
 from memalpha.memory import MemoryStore, get_schema, reader_view, truncate_to_tokens
 from memalpha.models.policy import ADAPTER_CONFIG
-from memalpha.rewards import memory_support
 from memalpha.retrieval import ChunkIndex, MemoryIndex
+from memalpha.rewards import memory_support
 from memalpha.rule_writer import rule_writer_for, run_rule_writer
 from memalpha.tokens import TokenCounter
 
