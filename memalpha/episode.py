@@ -190,12 +190,13 @@ class Episode:
         chunk_text = self.chunk_text
         prompt = self.prompt() if prompt is None else prompt
         parsed, results = execute_text(self.store, completion, t)
+        whole = self.whole_memory() if self.instance.questions else ""  # rendered once, read by both supports
         support = {}
         if self._relevant[t]:
             written = self._written(results)
             for j in self._relevant[t]:
-                support[j] = answer_support(self.instance.questions[j], written, chunk_text, self.whole_memory)
-        supported = memory_support(self.instance.questions, self.whole_memory())
+                support[j] = answer_support(self.instance.questions[j], written, chunk_text, lambda: whole)
+        supported = memory_support(self.instance.questions, whole)
         kept = retention(self.steps[-1].memory_support if self.steps else {}, supported)
         step = Step(t, prompt, completion, parsed, results, self.store.token_count(), self.store.entry_count(), support,
                     supported, kept)
