@@ -102,34 +102,3 @@ def test_packing_properties(lengths, limit, breaks):
             assert where[0] > out.turn_chunks[turns[i - 1].turn_id][-1]
     words = [w for c in out.chunks for w in c.split() if w.startswith("w") and "x" in w]
     assert words == [f"w{i}x{j}" for i, n in enumerate(lengths) for j in range(n)]  # nothing lost or reordered
-
-
-def _instance(chunks, questions):
-    from memalpha.data.schema import Instance
-    return Instance("i0", "synthetic", "accurate_retrieval", chunks, questions)
-
-
-def test_split_instance_cuts_chunks_at_lines_under_the_header_and_points_evidence_at_the_piece():
-    from memalpha.data.chunking import DIALOGUE_HEADER, split_instance
-    from memalpha.data.schema import Question
-
-    header = DIALOGUE_HEADER.format(date="1 May 2023")
-    turns = [t.speaker + ": " + t.text for t in _turns(24)]
-    turns[17] = "Ann: I work at Northwind Robotics."
-    chunk = header + "\n".join(turns)
-    questions = [Question("q0", "Where does Ann work?", ["Northwind Robotics"], "single_hop", [0]),
-                 Question("q1", "Which dog?", ["a cat"], "single_hop", [0]),
-                 Question("q2", "Unknown evidence", ["Rex"], "single_hop", None)]
-    split = split_instance(_instance([chunk, "short"], questions), 100, regex_token_count)
-    counts = [regex_token_count(piece) for piece in split.chunks]
-    assert len(split.chunks) > 3 and split.chunks[-1] == "short"
-    assert all(n <= 100 for n in counts[:-1])
-    assert max(counts[:-1]) - min(counts[:-1]) < 40  # even pieces, no small remnant
-    pieces = split.chunks[:-1]
-    assert all(piece.startswith(header) for piece in pieces)
-    assert [line for piece in pieces for line in piece[len(header):].split("\n")] == turns  # every line, in order
-    holding = [i for i, piece in enumerate(pieces) if "Northwind Robotics" in piece]
-    assert len(holding) == 1 and split.questions[0].evidence_chunks == holding
-    assert split.questions[1].evidence_chunks == list(range(len(pieces)))  # no piece holds the answer: all of them
-    assert split.questions[2].evidence_chunks is None
-    assert split.chunks != _instance([chunk, "short"], questions).chunks and questions[0].evidence_chunks == [0]

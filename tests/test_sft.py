@@ -80,19 +80,6 @@ def test_update_share_draws_conflicting_chunks_first():
         assert any(c.name == "memory_update" and c.arguments["memory_id"] for c in parse_tool_calls(demo.completion).calls)
 
 
-def test_chunk_tokens_builds_demonstrations_on_shorter_pieces(instances):
-    from memalpha.data.chunking import split_instance
-
-    config = load_config(None, OVERRIDES + ["sft.chunk_tokens=64"])
-    policy = load_policy(config.model)
-    stats = DemoStats()
-    demos = build_demonstrations(instances, config, policy.tokenizer, count=12, stats=stats)
-    pieces = [p for i in instances for p in split_instance(i, 64, policy.tokenizer).chunks]
-    assert stats.chunks == len(pieces) > sum(len(i.chunks) for i in instances)
-    assert all(any(p in demo.prompt for p in pieces) for demo in demos)
-    assert not any(chunk in demo.prompt for demo in demos for i in instances for chunk in i.chunks if chunk not in pieces)
-
-
 def _short_demos(policy) -> list[Demonstration]:
     """Short prompt/completion pairs in the rollout format (the tiny model's 49K-token vocabulary makes
     long sequences slow on a shared CPU)."""
