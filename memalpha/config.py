@@ -220,9 +220,6 @@ class SFTConfig(_Section):
     update_share: float = Field(0.0, ge=0, le=1)
     """Least share of demonstrations that update a stored entry (conflicting chunks); 0 draws them in
     proportion with the other writes."""
-    chunk_tokens: int = Field(0, ge=0)
-    """Cut the training chunks into pieces of at most this many tokens for the demonstrations
-    (`data.chunking.split_instance`; 0 keeps the data's chunks). Held-out checks and GRPO keep the data's chunks."""
     eval_chunks: int = Field(24, ge=0)
     """Held-out validation chunks on which extraction is measured after every epoch (0: none, no early stop)."""
     patience: int = Field(1, ge=1)

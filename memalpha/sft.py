@@ -18,7 +18,6 @@ from typing import Callable
 import torch
 
 from memalpha.config import RunConfig, SFTConfig
-from memalpha.data.chunking import split_instance
 from memalpha.data.schema import Instance
 from memalpha.episode import Episode
 from memalpha.generation import MIN_SHARED_PREFIX, generate, keep_last
@@ -80,7 +79,6 @@ def build_demonstrations(
     `count` (default `sft.num_demonstrations`) is drawn with `nothing_share` (default
     `sft.nothing_to_store_share`) of NOTHING_TO_STORE chunks
     (when there are enough), so the model learns to skip small talk without learning to skip everything.
-    With `sft.chunk_tokens`, the instances' chunks are first cut into shorter pieces (cheaper demonstrations).
     With `update_share` (default `sft.update_share`) above 0, at least that share are chunks where the
     rule writer updates a stored entry (conflicts are rarer than new facts).
     """
@@ -91,8 +89,6 @@ def build_demonstrations(
     counter = tokenizer_counter(tokenizer)
     schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
     writer = rule_writer_for(config, counter)
-    if config.sft.chunk_tokens:
-        instances = [split_instance(i, config.sft.chunk_tokens, tokenizer) for i in instances]
     store_demos: list[Demonstration] = []
     skip_demos: list[Demonstration] = []
     results_ok: list[bool] = []

@@ -8,12 +8,9 @@ limit gives its last turn to the next one, so the limit holds for any tokenizer.
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable
-
-from memalpha.data.schema import Instance, Question
 
 DIALOGUE_HEADER = "The following is a conversation from {date}. Please remember it.\n\n"
 UNDATED_DIALOGUE_HEADER = "The following is a conversation. Please remember it.\n\n"
@@ -217,43 +214,3 @@ def chunk_turns(turns: list[Turn], tokenizer: Any, chunk_tokens: int = 2048) -> 
             if tid is not None and index not in turn_chunks.setdefault(tid, []):
                 turn_chunks[tid].append(index)
     return Chunked(chunks, counts, turn_chunks)
-
-
-def split_instance(instance: Instance, chunk_tokens: int, tokenizer: Any) -> Instance:
-    """The instance with each chunk cut at line boundaries into pieces of at most about `chunk_tokens`
-    tokens. A chunk's header (its first line when a blank line follows, as `chunk_turns` writes it) starts
-    every piece, so a piece reads like a chunk of the data; a line longer than the budget is a piece of its
-    own. Evidence indices point to the pieces of the cited chunk that contain a gold answer (all of its
-    pieces when none does)."""
-    counter = tokenizer if isinstance(tokenizer, TokenCounts) else TokenCounts(tokenizer)
-    pieces: list[str] = []
-    pieces_of: list[list[int]] = []
-    for chunk in instance.chunks:
-        first, blank, rest = chunk.partition("\n\n")
-        header, body = (first + blank, rest) if blank and "\n" not in first else ("", chunk)
-        lines = body.splitlines(keepends=True)
-        budget = chunk_tokens - counter.count(header)
-        counts = counter.counts(lines)
-        target = sum(counts) / max(1, math.ceil(sum(counts) / max(budget, 1)))  # even pieces, no small remnant
-        groups: list[list[str]] = []
-        used = 0
-        for line, n in zip(lines, counts):
-            if not groups or used + n > budget or used + n / 2 > target:
-                groups.append([])
-                used = 0
-            groups[-1].append(line)
-            used += n
-        start = len(pieces)
-        pieces.extend((header + "".join(group)).rstrip() for group in groups or [[""]])
-        pieces_of.append(list(range(start, len(pieces))))
-
-    def evidence(question: Question) -> list[int] | None:
-        if question.evidence_chunks is None:
-            return None
-        cited = [p for c in question.evidence_chunks for p in pieces_of[c]]
-        answers = [a.lower() for a in question.answers if a]
-        holding = [p for p in cited if any(a in pieces[p].lower() for a in answers)]
-        return holding or cited
-
-    questions = [replace(q, evidence_chunks=evidence(q)) for q in instance.questions]
-    return replace(instance, chunks=pieces, questions=questions)
