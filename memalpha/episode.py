@@ -190,7 +190,7 @@ class Episode:
         chunk_text = self.chunk_text
         prompt = self.prompt() if prompt is None else prompt
         parsed, results = execute_text(self.store, completion, t)
-        whole = self.whole_memory() if self.instance.questions else ""  # rendered once, read by both supports
+        whole = whole_memory_text(self.store) if self.instance.questions else ""  # rendered once, read by both supports
         support = {}
         if self._relevant[t]:
             written = self._written(results)
@@ -217,10 +217,6 @@ class Episode:
             elif result.entry_id and (entry := self.store.get(result.memory_type, result.entry_id)) is not None:
                 lines[entry.id] = entry.content
         return "\n".join(lines.values())
-
-    def whole_memory(self) -> str:
-        """Every paragraph and entry, rendered as a view without a budget."""
-        return whole_memory_text(self.store)
 
     def copy(self) -> Episode:
         """An independent episode at the same position with the same memory."""
