@@ -50,6 +50,8 @@ OVERRIDES = [
     "grpo.eval_every=5", "grpo.loss_type=dr_grpo", "eval.max_instances=8", "eval.batch_size=16", "sft.num_demonstrations=384", "sft.epochs=1", "sft.eval_chunks=32",
     # demonstrations and held-out checks from all 4 chunks, as tested; GRPO grows from 2 to 4 chunks
     "data.max_chunks_per_instance=4", "data.chunk_curriculum=[[0, 2], [15, 4]]",
+    # 8 rollouts a step as one group of 8, not two of 4: fewer groups without signal (run S, docs/TRAINING.md)
+    "rollout.instances_per_step=1", "rollout.num_generations=8",
 ]
 READER_NOTE = {"evidence": " (it answers whenever a gold answer occurs in the context: an upper bound for methods that keep raw text)"}
 HELD_OUT_KEYS = ("eval/qa", "warm_start/eval/qa", "best/", "guidance/")
