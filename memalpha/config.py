@@ -206,8 +206,6 @@ class SFTConfig(_Section):
     num_demonstrations: int = Field(64, ge=1)
     epochs: float = Field(1.0, gt=0)
     learning_rate: float = Field(3e-4, gt=0)
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    """constant: every step at `learning_rate` (no warmup); cosine: decays to 0 over all epochs."""
     batch_size: int = Field(8, ge=1)
     """Demonstrations per optimizer step."""
     micro_batch_size: int = Field(2, ge=1)

@@ -208,7 +208,7 @@ def sft_arguments(sft_cfg: SFTConfig, policy, out_dir: Path, max_steps: int | No
         num_train_epochs=sft_cfg.epochs,
         max_steps=max_steps or sft_cfg.max_steps or -1,
         learning_rate=sft_cfg.learning_rate,
-        lr_scheduler_type=sft_cfg.lr_schedule,  # no warmup: runs are a few dozen steps
+        lr_scheduler_type="constant",  # runs are a few dozen steps: no step is spent at a warmup lr of 0
         max_length=sft_cfg.max_length,
         completion_only_loss=True,  # prompt tokens carry no loss
         use_cpu=on_cpu,
