@@ -13,6 +13,9 @@ row to its own generated tokens, and merges the two softmaxes by their maxima an
 FlashInfer calls cascade attention). The result equals attention over the concatenated cache up to float
 rounding; it runs in fp32 on whatever device the model is on.
 
+Sliding-window layers (Gemma 3: 5 of every 6) see only the last `module.sliding_window` cache positions,
+counted by cache index as transformers' masks count them; older prompt columns are masked.
+
 `generate` installs it for its decode loop only (`cascade_attention`): the model's attention implementation
 is switched to ATTENTION and back, and every forward inside passes the cache as `cascade=`.
 """
@@ -105,9 +108,11 @@ class CascadeCache(DynamicCache):
         super().batch_select_indices(indices)
         self.slots = self.slots[indices]
 
-    def attend_prompts(self, queries: torch.Tensor, layer: CascadeLayer) -> tuple[torch.Tensor, ...]:
-        """Attention of the rows' scaled queries [rows, kv_heads, queries_per_kv_head, dim] to their prompts:
-        (unnormalised output, row max of the scores, sum of exp(score - max)), each per row."""
+    def attend_prompts(self, queries: torch.Tensor, layer: CascadeLayer,
+                       first_visible: int = 0) -> tuple[torch.Tensor, ...]:
+        """Attention of the rows' scaled queries [rows, kv_heads, queries_per_kv_head, dim] to their prompts'
+        columns from `first_visible` on: (unnormalised output, row max of the scores, sum of
+        exp(score - max)), each per row."""
         kv_heads, per_head, dim = queries.shape[1:]
         slots = self.slots_per_prompt
         grid = queries.new_zeros((self.prompts * slots, kv_heads, per_head, dim))
@@ -115,6 +120,8 @@ class CascadeCache(DynamicCache):
         grid = grid.view(self.prompts, slots, kv_heads, per_head, dim).transpose(1, 2)
         grid = grid.reshape(self.prompts, kv_heads, slots * per_head, dim)
         scores = grid @ layer.prompt_keys.transpose(-1, -2) + self.prompt_bias
+        if first_visible > 0:
+            scores[..., :first_visible] = float("-inf")
         top = scores.amax(-1, keepdim=True)
         weights = (scores - top).exp()
 
@@ -138,7 +145,14 @@ def cascade_attention_forward(module, query, key, value, attention_mask, scaling
     kv_heads = key.shape[1]
     scale = dim ** -0.5 if scaling is None else scaling
     queries = query.float().view(rows, kv_heads, heads // kv_heads, dim) * scale
-    prompt_out, prompt_top, prompt_sum = cascade.attend_prompts(queries, cascade.layers[module.layer_idx])
+    layer = cascade.layers[module.layer_idx]
+    window = getattr(module, "sliding_window", None)
+    generated = key.shape[2]
+    if window is not None and generated >= window:
+        raise ValueError(f"{ATTENTION!r} attention keeps every generated token; {generated} exceed the window {window}")
+    # the query sits at cache index width + generated - 1 and sees indices above that minus the window
+    first_visible = layer.prompt_keys.shape[-2] + generated - window if window else 0
+    prompt_out, prompt_top, prompt_sum = cascade.attend_prompts(queries, layer, first_visible)
     scores = queries @ key.transpose(-1, -2)
     tail_top = scores.amax(-1, keepdim=True)
     weights = (scores - tail_top).exp()
