@@ -62,6 +62,32 @@ def test_generation_logps_match_full_forward(tiny):
         assert torch.allclose(batched[i, : len(lps)], torch.tensor(lps), atol=1e-4)
 
 
+def test_sliding_window_model_logps_match_the_trainers_padded_forward():
+    """A tiny Gemma 3 (sliding-window layers, window 4 < prompt lengths), repeated prompts decoding with
+    cascade attention: sampling log-probs equal a forward over the same left-padded batch, so the window
+    is applied while decoding as in training."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=4,
+                              layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                              pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    model = Gemma3ForCausalLM(config).eval()
+    distinct = _prompts()
+    prompts = [distinct[0], distinct[0], distinct[2], distinct[2], distinct[1]]
+    out = generate(model, prompts, max_new_tokens=3, eos_token_ids=[1], pad_token_id=0, temperature=1.0,
+                   generator=torch.Generator().manual_seed(0))
+    ids, attn = left_pad(prompts, 0, "cpu")
+    width = max(len(c) for c in out.completion_ids)
+    comp, cmask = torch.zeros((5, width), dtype=torch.long), torch.zeros((5, width), dtype=torch.long)
+    for i, c in enumerate(out.completion_ids):
+        comp[i, : len(c)], cmask[i, : len(c)] = torch.tensor(c), 1
+    batched, _ = completion_logps(model, torch.cat([ids, comp], 1), torch.cat([attn, cmask], 1), width, 1.0)
+    for i, lps in enumerate(out.logps):
+        assert torch.allclose(batched[i, : len(lps)], torch.tensor(lps), atol=1e-4)
+
+
 def test_batched_greedy_equals_one_at_a_time(tiny):
     model, tokenizer = tiny
     prompts = _prompts()
