@@ -77,12 +77,15 @@ def training_data() -> Path:
     return TRAIN_DATA
 
 
-def test_instances(tokenizer) -> list:
+def test_instances() -> list:
+    """The held-out instances, chunked with the default policy's tokenizer like the training data, so
+    that the test set is the same text whichever policy is trained."""
     from memalpha.data.synth import SynthConfig, generate
+    from memalpha.models.loading import default_model_dir, load_tokenizer
 
     cfg = SynthConfig(instances=TEST_INSTANCES, chunks_per_instance=(TEST_CHUNKS,), chunk_tokens=512,
                       competencies=COMPETENCIES, seed=TEST_SEED)
-    return generate(cfg, tokenizer)
+    return generate(cfg, load_tokenizer(str(default_model_dir())))
 
 
 def compare(config, instances, method: str, model: Path | None = None) -> dict[str, Any]:
@@ -133,7 +136,7 @@ def run() -> dict[str, Any]:
     trainer = Trainer(config, RUN_DIR)
     warm_s = time.perf_counter() - started
     sft = _sft_result(RUN_DIR / SFT_DIR)
-    instances = test_instances(trainer.policy.tokenizer)
+    instances = test_instances()
     print(f"warm start ready in {warm_s:.0f} s; evaluating on {len(instances)} test instances", flush=True)
     methods: dict[str, Any] = {}
     evaluated = time.perf_counter()
