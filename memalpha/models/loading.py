@@ -92,10 +92,8 @@ def packaged_gguf(name: str = DEFAULT_POLICY) -> Path:
     packaged = PACKAGED_POLICIES[name]
     if packaged.assembled:
         package_dir = _package_dir(packaged.package, packaged.make_target)  # a clear error when the wheel is missing
-        from importlib import import_module
-
         try:
-            return Path(import_module(packaged.package).assemble(cache_dir() / "gguf" / packaged.gguf_file))
+            return Path(importlib.import_module(packaged.package).assemble(cache_dir() / "gguf" / packaged.gguf_file))
         except (FileNotFoundError, ValueError) as exc:
             raise ModelNotPreparedError(f"{package_dir}: cannot assemble {packaged.gguf_file}: {exc}") from exc
     path = _package_dir(packaged.package, packaged.make_target) / packaged.gguf_file
