@@ -14,7 +14,8 @@ FlashInfer calls cascade attention). The result equals attention over the concat
 rounding; it runs in fp32 on whatever device the model is on.
 
 Sliding-window layers (Gemma 3: 5 of every 6) see only the last `module.sliding_window` cache positions,
-counted by cache index as transformers' masks count them; older prompt columns are masked.
+counted by cache index as transformers' masks count them; older prompt columns and generated tokens are
+masked.
 
 `generate` installs it for its decode loop only (`cascade_attention`): the model's attention implementation
 is switched to ATTENTION and back, and every forward inside passes the cache as `cascade=`.
@@ -146,20 +147,23 @@ def cascade_attention_forward(module, query, key, value, attention_mask, scaling
     scale = dim ** -0.5 if scaling is None else scaling
     queries = query.float().view(rows, kv_heads, heads // kv_heads, dim) * scale
     layer = cascade.layers[module.layer_idx]
+    width, generated = layer.prompt_keys.shape[-2], key.shape[2]
     window = getattr(module, "sliding_window", None)
-    generated = key.shape[2]
-    if window is not None and generated >= window:
-        raise ValueError(f"{ATTENTION!r} attention keeps every generated token; {generated} exceed the window {window}")
-    # the query sits at cache index width + generated - 1 and sees indices above that minus the window
-    first_visible = layer.prompt_keys.shape[-2] + generated - window if window else 0
-    prompt_out, prompt_top, prompt_sum = cascade.attend_prompts(queries, layer, first_visible)
+    # the query sits at cache index width + generated - 1 and sees the indices above that minus the window
+    first_visible = width + generated - window if window else 0
     scores = queries @ key.transpose(-1, -2)
+    if first_visible > width:  # generated tokens have left the window too
+        scores[..., : first_visible - width] = float("-inf")
     tail_top = scores.amax(-1, keepdim=True)
     weights = (scores - tail_top).exp()
-    top = torch.maximum(prompt_top, tail_top)
-    prompt_share, tail_share = (prompt_top - top).exp(), (tail_top - top).exp()
-    out = (prompt_out * prompt_share + (weights @ value) * tail_share) / (
-        prompt_sum * prompt_share + weights.sum(-1, keepdim=True) * tail_share)
+    tail_out, tail_sum = weights @ value, weights.sum(-1, keepdim=True)
+    if first_visible >= width:  # the whole prompt is outside the window
+        out = tail_out / tail_sum
+    else:
+        prompt_out, prompt_top, prompt_sum = cascade.attend_prompts(queries, layer, first_visible)
+        top = torch.maximum(prompt_top, tail_top)
+        prompt_share, tail_share = (prompt_top - top).exp(), (tail_top - top).exp()
+        out = (prompt_out * prompt_share + tail_out * tail_share) / (prompt_sum * prompt_share + tail_sum * tail_share)
     return out.view(rows, 1, heads, dim).to(query.dtype), None
 
 

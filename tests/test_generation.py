@@ -63,9 +63,9 @@ def test_generation_logps_match_full_forward(tiny):
 
 
 def test_sliding_window_model_logps_match_the_trainers_padded_forward():
-    """A tiny Gemma 3 (sliding-window layers, window 4 < prompt lengths), repeated prompts decoding with
-    cascade attention: sampling log-probs equal a forward over the same left-padded batch, so the window
-    is applied while decoding as in training."""
+    """A tiny Gemma 3 (sliding-window layers, window 4: shorter than most prompts and than the 6 new
+    tokens), repeated prompts decoding with cascade attention: sampling log-probs equal a forward over
+    the same left-padded batch, so the window is applied while decoding as in training."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(0)
@@ -76,8 +76,9 @@ def test_sliding_window_model_logps_match_the_trainers_padded_forward():
     model = Gemma3ForCausalLM(config).eval()
     distinct = _prompts()
     prompts = [distinct[0], distinct[0], distinct[2], distinct[2], distinct[1]]
-    out = generate(model, prompts, max_new_tokens=3, eos_token_ids=[1], pad_token_id=0, temperature=1.0,
+    out = generate(model, prompts, max_new_tokens=6, eos_token_ids=[1], pad_token_id=0, temperature=1.0,
                    generator=torch.Generator().manual_seed(0))
+    assert max(len(c) for c in out.completion_ids) > 4
     ids, attn = left_pad(prompts, 0, "cpu")
     width = max(len(c) for c in out.completion_ids)
     comp, cmask = torch.zeros((5, width), dtype=torch.long), torch.zeros((5, width), dtype=torch.long)
