@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup gemma3 browser test test-fast train bench up down status clean
+.PHONY: setup gemma3 browser test test-fast train bench gpu-check up down status clean
 
 setup: $(STAMP) .cache/models/.ready
 
@@ -49,6 +49,12 @@ train: setup
 
 bench: setup
 	$(PY) -m bench.run_all
+
+# on a machine with a CUDA GPU (and a CUDA build of torch): the GPU-marked tests, then the rollout
+# benchmark on the GPU (bench/results/rollout_gpu.md; docs/PERFORMANCE.md)
+gpu-check: setup
+	$(PY) -m pytest -q -m gpu
+	$(PY) -m bench.run_all rollout_gpu
 
 up: setup
 	bash infra/servers.sh start

@@ -16,6 +16,9 @@
    where logits are taken; the update's backward counted as 2x its forward) at this machine's measured
    bf16 matmul rate. Attention and elementwise work are left out, so the floor is optimistic.
 
+The policy runs on the CPU, whatever else the machine has; bench_rollout_gpu runs the same measurements
+on a CUDA GPU.
+
     python -m bench.run_all rollout      # writes bench/results/rollout.json and rollout.md
 """
 
@@ -53,13 +56,14 @@ def _prompts(policy, config, n: int) -> list[list[int]]:
 
 
 def _generate(policy, prompts, share: bool, seed: int = 0) -> dict[str, Any]:
-    from memalpha.generation import generate
+    from memalpha.generation import generate, synchronize
 
     start = time.perf_counter()
     with policy.merged_adapter():
         out = generate(policy.model, prompts, max_new_tokens=NEW_TOKENS, eos_token_ids=[], temperature=1.0,
-                       pad_token_id=policy.tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed),
-                       share_prefill=share)
+                       pad_token_id=policy.tokenizer.pad_token_id,
+                       generator=torch.Generator(device=policy.device).manual_seed(seed), share_prefill=share)
+        synchronize(policy.device)
     seconds = time.perf_counter() - start
     return {"rows": len(prompts), "prefilled_prompts": out.prefilled_prompts, "tokens": out.num_tokens,
             "seconds": round(seconds, 2), "prefill_s": round(out.prefill_s, 2), "decode_s": round(out.decode_s, 2),
@@ -81,14 +85,20 @@ def throughput(policy, config) -> dict[str, Any]:
     return rows
 
 
-def matmul_gflops() -> float:
-    """bf16 2048x2048 matmul rate on this machine (the issue's reference for the floor)."""
-    a, b = torch.randn(2048, 2048, dtype=torch.bfloat16), torch.randn(2048, 2048, dtype=torch.bfloat16)
+def matmul_gflops(device: str = "cpu") -> float:
+    """bf16 matmul rate on `device` (2048x2048 on the CPU, the issue's reference for the floor; 8192x8192 on
+    a GPU, where a 2048 product is too small to fill it)."""
+    from memalpha.generation import synchronize
+
+    n, repeats = (2048, 5) if device == "cpu" else (8192, 20)
+    a, b = (torch.randn(n, n, dtype=torch.bfloat16, device=device) for _ in range(2))
     a @ b
+    synchronize(a.device)
     start = time.perf_counter()
-    for _ in range(5):
+    for _ in range(repeats):
         a @ b
-    return 5 * 2 * 2048**3 / (time.perf_counter() - start) / 1e9
+    synchronize(a.device)
+    return repeats * 2 * n**3 / (time.perf_counter() - start) / 1e9
 
 
 def _linear_params(model) -> tuple[int, int]:
@@ -115,7 +125,16 @@ def floor_flops(samples, body: int, head: int, shared: bool) -> float:
     return rollout + update
 
 
-def step_split(sampling: str, gflops: float) -> dict[str, Any]:
+def _timed_update(trainer, samples, advantages) -> float:
+    from memalpha.generation import synchronize
+
+    start = time.perf_counter()
+    trainer._update(samples, advantages)
+    synchronize(trainer.policy.device)
+    return time.perf_counter() - start
+
+
+def step_split(sampling: str, gflops: float, device: str = "cpu") -> dict[str, Any]:
     from memalpha.config import load_config
     from memalpha.rollout import collect_rollouts, collect_step_rollouts
     from memalpha.trainer import Trainer
@@ -123,7 +142,7 @@ def step_split(sampling: str, gflops: float) -> dict[str, Any]:
     collect = collect_step_rollouts if sampling == "step" else collect_rollouts
     with tempfile.TemporaryDirectory() as tmp:
         config = load_config(ROOT / "configs" / "default.yaml",
-                             ["sft.enabled=false", f"output_dir={tmp}", f"grpo.sampling={sampling}"])
+                             ["sft.enabled=false", f"output_dir={tmp}", f"grpo.sampling={sampling}", f"model.device={device}"])
         trainer = Trainer(config, tmp)
         body, head = _linear_params(trainer.policy.model)
         steps = []
@@ -137,16 +156,12 @@ def step_split(sampling: str, gflops: float) -> dict[str, Any]:
                    "mean_prompt_tokens": sum(len(s.prompt_ids) for s in batch.samples) / len(batch.samples)}
             for shared in (False, True):
                 trainer.config = config.model_copy(update={"grpo": config.grpo.model_copy(update={"shared_prompt_update": shared})})
-                start = time.perf_counter()
-                trainer._update(batch.samples, advantages)
-                row["update_shared_s" if shared else "update_plain_s"] = time.perf_counter() - start
+                row["update_shared_s" if shared else "update_plain_s"] = _timed_update(trainer, batch.samples, advantages)
                 row["floor_shared_s" if shared else "floor_plain_s"] = floor_flops(batch.samples, body, head, shared) / gflops / 1e9
             # the shared update without its once-per-update system prefix: each group runs its whole prompt
             with_prefix = trainer._shared_prefix
             trainer._shared_prefix = lambda samples, micro: None
-            start = time.perf_counter()
-            trainer._update(batch.samples, advantages)
-            row["update_group_only_s"] = time.perf_counter() - start
+            row["update_group_only_s"] = _timed_update(trainer, batch.samples, advantages)
             trainer._shared_prefix = with_prefix
             steps.append(row)
     mean = {k: round(sum(s[k] for s in steps) / len(steps), 2) for k in steps[0]}
@@ -160,33 +175,38 @@ def step_split(sampling: str, gflops: float) -> dict[str, Any]:
             "mean": mean, "per_step": steps}
 
 
-def run() -> dict[str, Any]:
+def run(device: str = "cpu") -> dict[str, Any]:
     from memalpha.config import load_config
     from memalpha.models.policy import load_policy
 
-    config = load_config(ROOT / "configs" / "default.yaml")
+    config = load_config(ROOT / "configs" / "default.yaml", [f"model.device={device}"])
     policy = load_policy(config.model)
-    gflops = matmul_gflops()
-    results = {"dtype": str(policy.dtype), "threads": torch.get_num_threads(), "new_tokens": NEW_TOKENS,
-               "load_average_1m_at_start": round(os.getloadavg()[0], 2), "matmul_bf16_gflops": round(gflops, 1),
-               "generation": throughput(policy, config)}
+    gflops = matmul_gflops(device)
+    results = {"device": _device_name(device), "dtype": str(policy.dtype), "threads": torch.get_num_threads(),
+               "new_tokens": NEW_TOKENS, "load_average_1m_at_start": round(os.getloadavg()[0], 2),
+               "matmul_bf16_gflops": round(gflops, 1), "generation": throughput(policy, config)}
     del policy
-    results["grpo_step"] = {s: step_split(s, gflops) for s in ("trajectory", "step")}
+    results["grpo_step"] = {s: step_split(s, gflops, device) for s in ("trajectory", "step")}
     default = results["grpo_step"][config.grpo.sampling]["mean"]
     results["step_seconds"] = default["step_s"]
     results["floor_seconds"] = default["floor_shared_s"]
     results["generate_tokens_per_s"] = {str(n): results["generation"][f"groups_{n}_shared"]["tokens_per_s"]
                                         for n in BATCHES}
-    if BEFORE.is_file():
+    if BEFORE.is_file() and device == "cpu":
         results["before"] = json.loads(BEFORE.read_text())
     return results
+
+
+def _device_name(device: str) -> str:
+    return torch.cuda.get_device_name(device) if device.startswith("cuda") else "CPU"
 
 
 def to_markdown(results: dict[str, Any]) -> str:
     gen = results["generation"]
     lines = [
         "# Benchmark: rollout", "",
-        f"Default policy, {results['dtype']}, {results['threads']} threads, {results['new_tokens']} new tokens per "
+        f"Default policy on {results.get('device', 'the CPU')}, {results['dtype']}, {results['threads']} CPU threads, "
+        f"{results['new_tokens']} new tokens per "
         f"row, writer prompts of {gen['mean_prompt_tokens']} tokens on average, bf16 matmul "
         f"{results['matmul_bf16_gflops']} GFLOP/s; load average at start {results['load_average_1m_at_start']} "
         "(shared CPU: higher load, lower numbers).", "",

@@ -2,7 +2,8 @@
 
 Each module exposes `run() -> dict` and optionally `to_markdown(results) -> str`. Results go to
 bench/results/<name>.json and <name>.md; bench/results/SUMMARY.md lists every run. A benchmark that
-fails is reported and the others still run; the exit status is 1 if any failed.
+fails is reported and the others still run; the exit status is 1 if any failed. One that cannot run on
+this machine (bench_rollout_gpu without CUDA) raises BenchmarkSkipped and is reported as skipped.
 
     python -m bench.run_all            # all benchmarks
     python -m bench.run_all memory     # only bench_memory
@@ -22,6 +23,8 @@ import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from bench import BenchmarkSkipped
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -88,6 +91,23 @@ def run_one(name: str) -> dict[str, Any]:
     return results
 
 
+def run_and_report(name: str) -> str:
+    """Run one benchmark and return its status line: ok, skipped (with the reason) or FAILED."""
+    print(f"== bench {name}", flush=True)
+    start = time.perf_counter()
+    try:
+        run_one(name)
+        status = "ok"
+    except BenchmarkSkipped as reason:
+        status = f"skipped: {reason}"
+    except Exception:  # one broken benchmark must not hide the others' numbers
+        traceback.print_exc()
+        status = "FAILED"
+    status = f"{status} ({time.perf_counter() - start:.1f} s, this run)"
+    print(f"== bench {name}: {status}", flush=True)
+    return status
+
+
 def write_summary(statuses: dict[str, str], out_dir: Path = RESULTS_DIR) -> Path:
     """SUMMARY.md over every result file present, marking those this run produced or failed."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -115,18 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in args.names if n not in available]
     if unknown:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)} (available: {', '.join(available)})")
-    statuses: dict[str, str] = {}
-    for name in args.names or available:
-        print(f"== bench {name}", flush=True)
-        start = time.perf_counter()
-        try:
-            run_one(name)
-            status = "ok"
-        except Exception:  # one broken benchmark must not hide the others' numbers
-            traceback.print_exc()
-            status = "FAILED"
-        statuses[name] = f"{status} ({time.perf_counter() - start:.1f} s, this run)"
-        print(f"== bench {name}: {statuses[name]}", flush=True)
+    statuses = {name: run_and_report(name) for name in args.names or available}
     write_summary(statuses)
     failed = sum(1 for s in statuses.values() if s.startswith("FAILED"))
     return 1 if failed else 0

@@ -51,6 +51,12 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued kernels, so a wall-clock split (prefill / decode) is not launch time."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def left_pad(rows: list[list[int]], pad_id: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention_mask) on `device` with every row right-aligned."""
     width = max(len(row) for row in rows)
@@ -148,6 +154,7 @@ def generate(
     distinct, inverse = distinct_rows(prompts) if share_prefill else (prompts, list(range(len(prompts))))
     t0 = time.perf_counter()
     out, attn, positions, cache, prefix = _prefill(model, distinct, pad_token_id, max_new_tokens, device, share_prefill)
+    synchronize(device)
     t1 = time.perf_counter()
     rows = torch.tensor(inverse, dtype=torch.long, device=device)
     cascade = len(distinct) < len(prompts)  # repeated prompts: their rows read one copy of the prompt cache
@@ -190,6 +197,7 @@ def generate(
                         use_cache=True, **attention)
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
+    synchronize(device)
     t2 = time.perf_counter()
     lengths_list, tokens_list, logps_list = lengths.tolist(), tokens.tolist(), logps.tolist()
     return Generation(
