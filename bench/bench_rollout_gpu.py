@@ -11,8 +11,7 @@ from typing import Any
 
 import torch
 
-from bench import BenchmarkSkipped
-from bench import bench_rollout
+from bench import BenchmarkSkipped, bench_rollout
 
 
 def run() -> dict[str, Any]:
