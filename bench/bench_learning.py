@@ -54,6 +54,8 @@ OVERRIDES = [
     "rollout.instances_per_step=1", "rollout.num_generations=8",
 ]
 READER_NOTE = {"evidence": " (it answers whenever a gold answer occurs in the context: an upper bound for methods that keep raw text)"}
+RULE_WRITER_BUDGETS = (64, 96, 128, 160, 192, 256)
+"""Completion budgets (tokens per chunk) at which the rule writer is also evaluated: what a budget allows."""
 HELD_OUT_KEYS = ("eval/qa", "warm_start/eval/qa", "best/", "guidance/")
 CURVE_KEYS = ("reward", "qa_score", "rewards/coverage/mean", "rewards/retention/mean", "rewards/r2/mean", "rewards/r4/mean",
               "tool_calls/success_rate", "tool_calls/nothing_to_store", "frac_reward_zero_std", "timing/step_s")
@@ -109,6 +111,11 @@ def compare(config, instances, method: str, model: Path | None = None) -> dict[s
     return out
 
 
+def with_completion_budget(config, tokens: int):
+    """The config with another completion budget (the rule writer's demonstrations are cut to it too)."""
+    return config.model_copy(update={"rollout": config.rollout.model_copy(update={"max_completion_length": tokens})})
+
+
 def spread(config, instances, model: Path) -> dict[str, Any]:
     """`qa_spread` of a policy: the std of its QA over 3 evaluations sampled at temperature 1."""
     from memalpha.evaluation.runner import evaluate
@@ -144,6 +151,8 @@ def run() -> dict[str, Any]:
     policy_eval_s = time.perf_counter() - evaluated
     for name in ("rule_writer", "rag", "long_context"):
         methods[name] = compare(config, instances, name)
+    rule_writer_by_budget = {budget: compare(with_completion_budget(config, budget), instances, "rule_writer")
+                             for budget in RULE_WRITER_BUDGETS}
     print(f"warm start and baselines evaluated in {time.perf_counter() - evaluated:.0f} s", flush=True)
 
     curve: list[dict] = []
@@ -176,6 +185,7 @@ def run() -> dict[str, Any]:
     trained, warm, rag = methods["trained"], methods["warm_start"], methods["rag"]
     results = {
         "methods": methods,
+        "rule_writer_by_budget": rule_writer_by_budget,
         "sft_epochs": sft.get("epochs", []), "sft_best_epoch": sft.get("best_epoch"), "sft_steps": sft.get("steps"),
         "sft_losses": sft.get("losses", []),
         "grpo_steps": trainer.step, "selected_step": best["step"], "selected_validation_qa": best["score"], "curve": curve,
@@ -190,6 +200,7 @@ def run() -> dict[str, Any]:
             "G": config.rollout.num_generations, "learning_rate": config.grpo.learning_rate,
             "test_instances": len(instances), "test_seed": TEST_SEED, "test_chunks": TEST_CHUNKS,
             "test_questions": sum(len(i.questions) for i in instances), "reader": config.model.reader,
+            "completion_budget": config.rollout.max_completion_length,
             "retrieval": f"{config.retrieval.method} top-{config.retrieval.top_k}, {config.memory.reader_view_tokens}-token reader budget",
             "qa_spread": f"std over {len(SPREAD_SEEDS)} evaluations sampled at temperature 1",
             "warm_start_seconds": round(warm_s, 1),
@@ -275,6 +286,12 @@ def to_markdown(results: dict[str, Any]) -> str:
               "| epoch | step | evidence recall | valid calls | skip accuracy |", "|---|---|---|---|---|"]
     for e in results["sft_epochs"]:
         lines.append(f"| {e['epoch']} | {e['step']} | {e['evidence_recall']:.3f} | {e['valid_calls']:.3f} | {e['skip_accuracy']:.3f} |")
+    lines += ["", f"## Rule writer by completion budget (tokens a chunk; this run's: {s.get('completion_budget')})", "",
+              "| budget | qa | " + " | ".join(COMPETENCIES) + " | memory tokens | stale conflict answers |",
+              "|---|---|" + "---|" * len(COMPETENCIES) + "---|---|"]
+    for budget, m in results.get("rule_writer_by_budget", {}).items():
+        lines.append(f"| {budget} | {m['qa']:.3f} | " + " | ".join(f"{m['qa_by_competency'][c]:.3f}" for c in COMPETENCIES)
+                     + f" | {m['memory_tokens']:.0f} | {m['stale_answers']} |")
     lines += ["", "`answers lost`: per instance, answers the memory held after some chunk and no longer held at the end.",
               "", "## GRPO curve", "",
               "| step | reward | coverage | retention | r2 | rollout QA | held-out QA | zero-std groups | step s |",
