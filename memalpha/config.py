@@ -211,8 +211,10 @@ class SFTConfig(_Section):
     micro_batch_size: int = Field(2, ge=1)
     """Demonstrations per forward/backward pass (gradient accumulation makes up batch_size). A full
     backward over 8 x 900 tokens of the 135M model needs about 17 GB on CPU; 2 at a time about a quarter."""
-    max_length: int = Field(1024, ge=64)
-    """Longest prompt + completion in tokens; longer demonstrations are dropped, not truncated."""
+    max_length: int | None = Field(None, ge=64)
+    """Longest prompt + completion in tokens; longer demonstrations are dropped, not truncated. None:
+    rollout.max_prompt_tokens + rollout.max_completion_length, the longest step a rollout takes (a lower
+    cap drops the later chunks' writes, whose memory views are longest, and teaches skipping there)."""
     max_steps: int = Field(0, ge=0)
     """Stop after this many optimizer steps (0 = run the full epochs)."""
     nothing_to_store_share: float = Field(0.25, ge=0, le=1)

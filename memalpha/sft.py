@@ -61,6 +61,11 @@ class DemoStats:
     calls_ok: float = 0.0
 
 
+def demonstration_max_length(config: RunConfig) -> int:
+    """`sft.max_length`, else the longest writer step a rollout takes (prompt budget + completion budget)."""
+    return config.sft.max_length or config.rollout.max_prompt_tokens + config.rollout.max_completion_length
+
+
 def build_demonstrations(
     instances: list[Instance],
     config: RunConfig,
@@ -75,7 +80,7 @@ def build_demonstrations(
     """Rule-writer demonstrations for the chunks of `instances`, as prompt/completion pairs.
 
     Completions are cut to `rollout.max_completion_length` tokens (what a rollout may generate), pairs
-    longer than `sft.max_length` are dropped (truncation would cut the completion), and a sample of
+    longer than `demonstration_max_length` are dropped (truncation would cut the completion), and a sample of
     `count` (default `sft.num_demonstrations`) is drawn with `nothing_share` (default
     `sft.nothing_to_store_share`) of NOTHING_TO_STORE chunks
     (when there are enough), so the model learns to skip small talk without learning to skip everything.
@@ -89,6 +94,7 @@ def build_demonstrations(
     counter = tokenizer_counter(tokenizer)
     schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
     writer = rule_writer_for(config, counter)
+    max_length = demonstration_max_length(config)
     store_demos: list[Demonstration] = []
     skip_demos: list[Demonstration] = []
     results_ok: list[bool] = []
@@ -101,7 +107,7 @@ def build_demonstrations(
                 step.prompt, step.completion, instance.instance_id, step.chunk,
                 counter(step.prompt), counter(step.completion) + 1,  # + the end-of-turn token
             )
-            if demo.prompt_tokens + demo.completion_tokens > config.sft.max_length:
+            if demo.prompt_tokens + demo.completion_tokens > max_length:
                 stats.too_long += 1
                 continue
             (skip_demos if demo.nothing_to_store else store_demos).append(demo)
@@ -209,7 +215,7 @@ def sft_arguments(sft_cfg: SFTConfig, policy, out_dir: Path, max_steps: int | No
         max_steps=max_steps or sft_cfg.max_steps or -1,
         learning_rate=sft_cfg.learning_rate,
         lr_scheduler_type="constant",  # runs are a few dozen steps: no step is spent at a warmup lr of 0
-        max_length=sft_cfg.max_length,
+        max_length=sft_cfg.max_length,  # None: no truncation (build_demonstrations already dropped longer pairs)
         completion_only_loss=True,  # prompt tokens carry no loss
         use_cpu=on_cpu,
         bf16=policy.dtype is torch.bfloat16,

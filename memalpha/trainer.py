@@ -126,7 +126,7 @@ def warm_start(config: RunConfig, run_dir: Path, policy, instances: list[Instanc
     """SFT warm start into run_dir/sft (rule-writer demonstrations + TRL SFTTrainer), measuring extraction
     on `sft.eval_chunks` chunks of the `held_out` instances after every epoch; the policy ends with the
     warm-start adapter. An existing adapter there is loaded instead of retraining."""
-    from memalpha.sft import DemoStats, build_demonstrations, extraction_probes, run_sft
+    from memalpha.sft import DemoStats, build_demonstrations, demonstration_max_length, extraction_probes, run_sft
 
     out = Path(run_dir) / SFT_DIR
     if (out / "adapter_model.safetensors").is_file():
@@ -134,8 +134,9 @@ def warm_start(config: RunConfig, run_dir: Path, policy, instances: list[Instanc
         return out
     stats = DemoStats()
     demos = build_demonstrations(instances, config, policy.tokenizer, seed=config.grpo.seed, stats=stats)
-    log.info("warm start: %d demonstrations from %d chunks (%d nothing-to-store, %d updating an entry)",
-             stats.kept, stats.chunks, stats.nothing_to_store, stats.updates)
+    log.info("warm start: %d demonstrations from %d chunks (%d nothing-to-store, %d updating an entry, %d dropped "
+             "as longer than %d tokens)", stats.kept, stats.chunks, stats.nothing_to_store, stats.updates,
+             stats.too_long, demonstration_max_length(config))
     tmp = out.with_name(f".{SFT_DIR}-tmp")
     if tmp.exists():
         shutil.rmtree(tmp)

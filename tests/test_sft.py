@@ -16,7 +16,7 @@ from memalpha.models.policy import load_policy
 from memalpha.parsing import parse_tool_calls
 from memalpha.prompts import render_writer_prompt
 from memalpha.rule_writer import RuleWriter
-from memalpha.sft import Demonstration, DemoStats, build_demonstrations, extraction_probes, run_sft
+from memalpha.sft import Demonstration, DemoStats, build_demonstrations, demonstration_max_length, extraction_probes, run_sft
 
 OVERRIDES = ["model.policy=tiny", "model.dtype=float32", "model.device=cpu", "sft.max_length=768", "sft.batch_size=4"]
 
@@ -64,6 +64,23 @@ def test_demonstrations_drop_pairs_that_would_be_truncated(instances):
     demos = build_demonstrations(instances, config, policy.tokenizer, count=50, stats=stats)
     assert stats.too_long > 0
     assert all(d.prompt_tokens + d.completion_tokens <= 300 for d in demos)
+
+
+def test_without_a_cap_demonstrations_keep_every_step_a_rollout_takes(instances):
+    # a fixed cap below the rollout's budgets dropped the later chunks' writes (longer memory views) and
+    # kept their skips: the warm start then skipped every chunk that had a memory
+    config = load_config(None, [o for o in OVERRIDES if not o.startswith("sft.max_length")]
+                         + ["rollout.max_prompt_tokens=600", "rollout.max_completion_length=40"])
+    assert config.sft.max_length is None and demonstration_max_length(config) == 640
+    policy = load_policy(config.model)
+    stats = DemoStats()
+    demos = build_demonstrations(instances, config, policy.tokenizer, count=50, stats=stats)
+    assert stats.too_long == 0 and stats.kept == stats.chunks
+    longest = max(d.prompt_tokens + d.completion_tokens for d in demos)
+    capped = config.model_copy(update={"sft": config.sft.model_copy(update={"max_length": longest - 1})})
+    stats = DemoStats()
+    build_demonstrations(instances, capped, policy.tokenizer, count=50, stats=stats)
+    assert stats.too_long >= 1 and stats.kept == stats.chunks - stats.too_long
 
 
 def test_update_share_draws_conflicting_chunks_first():
