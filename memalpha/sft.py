@@ -243,10 +243,10 @@ def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor |
     return int(differing[0]) if len(differing) else input_ids.shape[1]
 
 
-def completion_loss(model, inputs: dict, num_items_in_batch=None) -> tuple[torch.Tensor, int, int]:
-    """Summed next-token cross-entropy over the labelled (completion) tokens divided by
-    `num_items_in_batch` (else their count), with logits computed only from the earliest labelled
-    position on. Returns (loss, labelled tokens, correctly predicted tokens).
+def completion_loss(model, inputs: dict, normalizer: int | None = None) -> tuple[torch.Tensor, int, int]:
+    """Summed next-token cross-entropy over the labelled (completion) tokens divided by `normalizer`
+    (else their count), with logits computed only from the earliest labelled position on. Returns
+    (loss, labelled tokens, correctly predicted tokens).
 
     A prefix shared by every row (the writer's system prompt, about a third of a demonstration) runs
     forward once, with gradient, and its KV cache is repeated for the rows: the same loss and gradients
@@ -272,21 +272,31 @@ def completion_loss(model, inputs: dict, num_items_in_batch=None) -> tuple[torch
     loss_sum = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="sum")
     count = int(labelled.sum())
     correct = int(((logits.argmax(-1) == targets) & (targets != -100)).sum())
-    denominator = num_items_in_batch if num_items_in_batch is not None else count
+    denominator = normalizer if normalizer is not None else count
     return loss_sum / torch.as_tensor(denominator).clamp(min=1), count, correct
 
 
-def _completion_only_trainer():
+def _completion_only_trainer(tokens_per_row: int):
     """TRL's SFTTrainer with a cheaper loss: its fused LM head scores every position in fp32 on CPU (no
     Triton), so a step of 850-token demonstrations spends most of its time on prompt positions whose loss
-    is masked anyway. Data handling, the loop, logging and the optimizer stay TRL's."""
+    is masked anyway. Data handling, the loop, logging and the optimizer stay TRL's.
+
+    The loss is the completion tokens' summed cross-entropy over a fixed length, rows of the optimizer
+    batch x `tokens_per_row` (the completion budget), not over the batch's own token count: with the
+    latter a batch of short NOTHING_TO_STORE demonstrations gets a per-token weight many times that of a
+    batch of writes, and at a 192-token budget the warm start learned to skip every chunk (like Dr.
+    GRPO's fixed length in the GRPO loss, docs/TRAINING.md)."""
     from trl import SFTTrainer
 
     class CompletionOnlySFTTrainer(SFTTrainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            loss, count, correct = completion_loss(model, inputs, num_items_in_batch)
+            # with num_items_in_batch the Trainer leaves the gradient-accumulation average to the loss
+            rows = self.args.per_device_train_batch_size * (
+                self.args.gradient_accumulation_steps if num_items_in_batch is not None else 1)
+            loss, count, correct = completion_loss(model, inputs, rows * tokens_per_row)
             mode = "train" if model.training else "eval"
             self._metrics[mode]["mean_token_accuracy"].append(correct / count if count else 0.0)
+            self._metrics[mode]["token_loss"].append(float(loss.detach()) * rows * tokens_per_row / max(count, 1))
             if mode == "train" and "attention_mask" in inputs:
                 self._total_train_tokens += int(inputs["attention_mask"].sum())
                 self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
@@ -337,8 +347,8 @@ def run_sft(
                 on_log({"step": state.global_step, "max_steps": state.max_steps})
 
         def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                losses.append(float(logs["loss"]))
+            if logs and "token_loss" in logs:
+                losses.append(float(logs["token_loss"]))  # per completion token, comparable across budgets
             if logs and on_log is not None:
                 on_log({"step": state.global_step, "max_steps": state.max_steps, **logs})
 
@@ -357,7 +367,7 @@ def run_sft(
             elif epoch - best["epoch"] >= sft_cfg.patience:
                 control.should_training_stop = True  # a plateau: more epochs only fit the teacher's wording
 
-    trainer = _completion_only_trainer()(
+    trainer = _completion_only_trainer(max_new_tokens + 1)(  # + the end-of-turn token
         model=policy.model,
         args=sft_arguments(sft_cfg, policy, out_dir, max_steps, seed),
         train_dataset=dataset,

@@ -184,8 +184,36 @@ def test_completion_loss_equals_the_full_logit_loss(config):
     reference = policy.model(**inputs).loss
     assert count == 11 and 0 <= correct <= count
     assert torch.allclose(loss, reference, atol=1e-5)
-    summed, _, _ = completion_loss(policy.model, inputs, num_items_in_batch=22)  # half of it over twice the tokens
+    summed, _, _ = completion_loss(policy.model, inputs, normalizer=22)  # half of it over twice the tokens
     assert torch.allclose(summed, reference / 2, atol=1e-5)
+
+
+def test_sft_loss_weighs_every_completion_token_alike_whatever_the_batch_holds(tmp_path, config, instances):
+    """The token sum goes over rows x the completion budget, not over the batch's own token count, so a
+    batch of short skips does not weigh its tokens more than a batch of long writes."""
+    from datasets import Dataset
+
+    from memalpha.sft import _completion_only_trainer, completion_loss, sft_arguments
+
+    policy = load_policy(config.model)
+    demos = build_demonstrations(instances, config, policy.tokenizer, count=2)
+    trainer = _completion_only_trainer(41)(
+        model=policy.model, args=sft_arguments(config.sft, policy, tmp_path, 1, 0),
+        train_dataset=Dataset.from_list([{"prompt": d.prompt, "completion": d.completion} for d in demos]),
+        processing_class=policy.tokenizer,
+    )
+    torch.manual_seed(0)
+    ids = torch.randint(5, 200, (2, 12))
+    short, long = torch.full_like(ids, -100), torch.full_like(ids, -100)
+    short[:, 10:] = ids[:, 10:]  # 2 completion tokens a row, like NOTHING_TO_STORE
+    long[:, 4:] = ids[:, 4:]  # 8 a row
+    rows = config.sft.batch_size  # micro-batches of 2 accumulate to it
+    for labels in (short, long):
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+        summed, count, _ = completion_loss(policy.model, inputs, normalizer=1)
+        assert torch.allclose(trainer.compute_loss(policy.model, inputs, num_items_in_batch=count), summed / (rows * 41))
+        # without num_items_in_batch the Trainer averages the micro-batches itself
+        assert torch.allclose(trainer.compute_loss(policy.model, inputs), summed / (2 * 41))
 
 
 def test_a_shared_prefix_runs_once_with_the_same_loss_and_gradients(config):
