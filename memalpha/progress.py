@@ -80,8 +80,8 @@ class SFTProgress:
         step, total = int(record.get("step", 0)), int(record.get("max_steps", 0))
         if self.meter is None:  # run_sft's first record comes when training begins
             self.meter = StepMeter(total, step)
-        if "loss" in record:
-            self.emit(f"warm start step {step}/{total} | loss {float(record.get('token_loss', record['loss'])):.4f} | {self.meter.rate_and_eta(step)}")
+        if "token_loss" in record:
+            self.emit(f"warm start step {step}/{total} | loss {float(record['token_loss']):.4f} | {self.meter.rate_and_eta(step)}")
         if "sft_eval/evidence_recall" in record:
             shown = ", ".join(f"{k.removeprefix('sft_eval/')} {v:.3f}" for k, v in record.items() if k.startswith("sft_eval/"))
             self.emit(f"warm start epoch {record.get('epoch')} held-out extraction: {shown}")

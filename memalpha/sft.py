@@ -293,10 +293,11 @@ def _completion_only_trainer(tokens_per_row: int):
             # with num_items_in_batch the Trainer leaves the gradient-accumulation average to the loss
             rows = self.args.per_device_train_batch_size * (
                 self.args.gradient_accumulation_steps if num_items_in_batch is not None else 1)
-            loss, count, correct = completion_loss(model, inputs, rows * tokens_per_row)
+            summed, count, correct = completion_loss(model, inputs, normalizer=1)
+            loss = summed / (rows * tokens_per_row)
             mode = "train" if model.training else "eval"
             self._metrics[mode]["mean_token_accuracy"].append(correct / count if count else 0.0)
-            self._metrics[mode]["token_loss"].append(float(loss.detach()) * rows * tokens_per_row / max(count, 1))
+            self._metrics[mode]["token_loss"].append(float(summed.detach()) / max(count, 1))
             if mode == "train" and "attention_mask" in inputs:
                 self._total_train_tokens += int(inputs["attention_mask"].sum())
                 self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
