@@ -174,6 +174,7 @@ def run() -> dict[str, Any]:
               f"{rate * (STEPS - result.step) / 60:.1f} min)", flush=True)
     if curve and not config.grpo.is_eval_step(trainer.step):
         curve[-1].update({k: v for k, v in trainer.validate().items() if k.startswith(HELD_OUT_KEYS)})
+    grpo_s = time.perf_counter() - grpo_started  # the steps and their validations, not the final evaluations
     checkpoint = trainer.save_checkpoint()
     best = read_best(RUN_DIR) or {"step": 0, "score": float("nan")}  # no GRPO step ran: the warm start
     selected = trainer.best_adapter or RUN_DIR / SFT_DIR
@@ -204,7 +205,7 @@ def run() -> dict[str, Any]:
             "retrieval": f"{config.retrieval.method} top-{config.retrieval.top_k}, {config.memory.reader_view_tokens}-token reader budget",
             "qa_spread": f"std over {len(SPREAD_SEEDS)} evaluations sampled at temperature 1",
             "warm_start_seconds": round(warm_s, 1),
-            "warm_start_reused_from": REUSE_SFT or None, "grpo_seconds": round(time.perf_counter() - grpo_started, 1),
+            "warm_start_reused_from": REUSE_SFT or None, "grpo_seconds": round(grpo_s, 1),
             "total_seconds": round(time.perf_counter() - started, 1), "budget_seconds": BUDGET_S,
         },
     }
