@@ -39,6 +39,12 @@ def test_a_benchmark_that_cannot_run_here_is_skipped_not_failed(monkeypatch):
     assert run_all.run_and_report("rollout_gpu").startswith("FAILED (")
 
 
+LEARNING_SETTINGS = {"config": "configs/default.yaml", "overrides": [], "B": 1, "G": 8, "learning_rate": 1e-4,
+                     "warm_start_seconds": 1.0, "grpo_seconds": 1.0, "total_seconds": 60.0, "budget_seconds": 3600,
+                     "test_instances": 16, "test_questions": 96, "test_chunks": 4, "test_seed": 7, "reader": "evidence",
+                     "retrieval": "bm25 top-20", "qa_spread": "std", "completion_budget": 192}
+
+
 def test_learning_report_lists_the_rule_writer_at_each_completion_budget():
     from bench.bench_learning import COMPETENCIES, to_markdown, with_completion_budget
     from memalpha.config import load_config
@@ -47,11 +53,7 @@ def test_learning_report_lists_the_rule_writer_at_each_completion_budget():
         return {"qa": qa, "qa_by_competency": dict.fromkeys(COMPETENCIES, qa), "memory_tokens": 80.0, "stale_answers": 0,
                 "answers_lost": 0.0}
 
-    settings = {"config": "configs/default.yaml", "overrides": [], "B": 1, "G": 8, "learning_rate": 1e-4,
-                "warm_start_seconds": 1.0, "grpo_seconds": 1.0, "total_seconds": 60.0, "budget_seconds": 3600,
-                "test_instances": 16, "test_questions": 96, "test_chunks": 4, "test_seed": 7, "reader": "evidence",
-                "retrieval": "bm25 top-20", "qa_spread": "std", "completion_budget": 192}
-    results = {"settings": settings, "targets": {}, "methods": {"rule_writer": method(0.5)}, "sft_steps": 1,
+    results = {"settings": LEARNING_SETTINGS, "targets": {}, "methods": {"rule_writer": method(0.5)}, "sft_steps": 1,
                "sft_best_epoch": 1, "grpo_steps": 0, "selected_step": 0, "selected_validation_qa": 0.1,
                "sft_epochs": [], "curve": [],
                # as read back from learning.json: budgets are string keys
@@ -65,3 +67,16 @@ def test_learning_report_lists_the_rule_writer_at_each_completion_budget():
     config = load_config("configs/tiny.yaml")
     assert with_completion_budget(config, 40).rollout.max_completion_length == 40
     assert config.rollout.max_completion_length != 40
+
+
+def test_learning_report_says_when_the_last_step_was_not_evaluated():
+    from bench.bench_learning import to_markdown
+
+    results = {"settings": LEARNING_SETTINGS, "targets": {}, "methods": {}, "sft_steps": 1, "sft_best_epoch": 1,
+               "selected_validation_qa": 0.1, "sft_epochs": [], "curve": [], "rule_writer_by_budget": {}}
+
+    selected_last = to_markdown({**results, "grpo_steps": 5, "selected_step": 5})
+    selected_earlier = to_markdown({**results, "grpo_steps": 5, "selected_step": 3})
+
+    assert "the last step's too." in selected_last
+    assert "the last step's adapter was not evaluated: no time was left." in selected_earlier
