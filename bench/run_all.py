@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import BenchmarkSkipped
+from memalpha.models.loading import cpu_supports_bf16
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -66,6 +67,9 @@ def write_results(name: str, results: dict[str, Any], markdown: str, out_dir: Pa
             "python": platform.python_version(),
             "platform": platform.platform(),
             "cpus": _cpus(),
+            "cpu": _cpu_model(),
+            # timings of CPU training runs differ about twice between machines with and without it
+            "cpu_native_bf16": cpu_supports_bf16(),
             # the CPU is shared: a load average above the CPU count means the numbers are pessimistic
             "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         },
@@ -75,6 +79,14 @@ def write_results(name: str, results: dict[str, Any], markdown: str, out_dir: Pa
     json_path.write_text(json.dumps(payload, indent=2) + "\n")
     md_path.write_text(markdown)
     return json_path, md_path
+
+
+def _cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or "unknown"
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
 
 
 def _cpus() -> int:
@@ -111,15 +123,19 @@ def run_and_report(name: str) -> str:
 def write_summary(statuses: dict[str, str], out_dir: Path = RESULTS_DIR) -> Path:
     """SUMMARY.md over every result file present, marking those this run produced or failed."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    lines = ["# Benchmark summary", "", "| benchmark | status | finished (UTC) | load avg | results |", "|---|---|---|---|---|"]
+    lines = ["# Benchmark summary", "", "| benchmark | status | finished (UTC) | load avg | CPU | results |", "|---|---|---|---|---|---|"]
     reports = {p.stem for p in out_dir.glob("*.json") if p.with_suffix(".md").exists()}  # not inputs such as rollout_before
     for name in sorted(set(statuses) | reports):
         path = out_dir / f"{name}.json"
         meta = json.loads(path.read_text()) if path.exists() else {}
         meta = meta if isinstance(meta, dict) else {}
-        load = meta.get("machine", {}).get("load_average_1m_at_end", "")
+        machine = meta.get("machine", {})
+        cpu = machine.get("cpu", "")
+        if cpu:
+            cpu += ", bf16" if machine.get("cpu_native_bf16") else ", no native bf16"
         status = statuses.get(name, "from an earlier run")
-        lines.append(f"| {name} | {status} | {meta.get('finished_at', '')} | {load} | [{name}.md]({name}.md) |")
+        lines.append(f"| {name} | {status} | {meta.get('finished_at', '')} | {machine.get('load_average_1m_at_end', '')} | {cpu} "
+                     f"| [{name}.md]({name}.md) |")
     summary = out_dir / "SUMMARY.md"
     summary.write_text("\n".join(lines) + "\n")
     return summary

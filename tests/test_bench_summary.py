@@ -15,8 +15,20 @@ def test_summary_lists_reports_and_leaves_out_inputs_without_a_report(tmp_path):
 
     summary = write_summary({"rollout": "ok (359.7 s)"}, tmp_path).read_text()
 
-    assert "| rollout | ok (359.7 s) | 2026-11-25T01:32:22+00:00 | 2.0 | [rollout.md](rollout.md) |" in summary
+    assert "| rollout | ok (359.7 s) | 2026-11-25T01:32:22+00:00 | 2.0 |  | [rollout.md](rollout.md) |" in summary
     assert "rollout_before" not in summary
+
+
+def test_results_name_the_cpu_and_whether_it_has_native_bf16(tmp_path, monkeypatch):
+    from bench import run_all
+
+    monkeypatch.setattr(run_all, "cpu_supports_bf16", lambda: False)
+    json_path, _ = run_all.write_results("memory", {"x": 1}, "# memory\n", tmp_path)
+    machine = json.loads(json_path.read_text())["machine"]
+    assert machine["cpu"] and machine["cpu_native_bf16"] is False
+
+    summary = write_summary({"memory": "ok"}, tmp_path).read_text()
+    assert f"| {machine['cpu']}, no native bf16 | [memory.md](memory.md) |" in summary
 
 
 def test_a_benchmark_that_cannot_run_here_is_skipped_not_failed(monkeypatch):
