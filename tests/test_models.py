@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from memalpha.config import ModelConfig
+from memalpha.errors import UserError
 from memalpha.models import loading
 from memalpha.models.loading import choose_dtype, is_prepared, resolve_model_path
 from memalpha.models.policy import AdapterError, load_policy
@@ -115,6 +116,29 @@ def test_adapter_errors_are_clear(tmp_path):
     path = other.save_adapter(tmp_path / "r4")
     with pytest.raises(AdapterError, match="r=4"):
         policy.load_adapter(path)
+
+
+def test_lora_first_layer_adapts_upper_layers_and_backward_stops_below(tmp_path):
+    upper = load_policy(tiny_cfg(lora_first_layer=1))
+    adapted = {n.split(".layers.")[1].split(".")[0] for n, p in upper.model.named_parameters() if p.requires_grad}
+    assert adapted == {"1"}
+    layers = upper.model.get_base_model().model.layers
+    needs_grad = {}
+
+    def record(index):
+        def hook(_module, _inputs, output):
+            needs_grad[index] = (output[0] if isinstance(output, tuple) else output).requires_grad
+        return hook
+
+    for index, layer in enumerate(layers):
+        layer.register_forward_hook(record(index))
+    upper.model.train()
+    upper.model(**upper.encode(["hello memory"])).logits.sum().backward()
+    assert needs_grad == {0: False, 1: True}  # no autograd graph below the first adapted layer
+    with pytest.raises(AdapterError, match="layers=\\[1\\]"):
+        load_policy(tiny_cfg()).load_adapter(upper.save_adapter(tmp_path / "upper"))
+    with pytest.raises(UserError, match="lora_first_layer=2.*2 layers"):
+        load_policy(tiny_cfg(lora_first_layer=2))
 
 
 def test_generate_text_batches_and_respects_length(policy):

@@ -16,6 +16,7 @@ from typing import Iterator
 import torch
 
 from memalpha.config import ModelConfig
+from memalpha.errors import UserError
 from memalpha.generation import generate, left_pad
 from memalpha.models.loading import TINY_POLICY, build_tiny, choose_device, choose_dtype, load_pretrained
 from memalpha.tokens import TokenCounter, tokenizer_counter
@@ -30,15 +31,19 @@ class AdapterError(ValueError):
     """An adapter folder is missing, incomplete or does not fit the policy's LoRA layout."""
 
 
-def lora_config(model_cfg: ModelConfig):
-    """The peft LoraConfig described by the model config."""
+def lora_config(model_cfg: ModelConfig, num_layers: int):
+    """The peft LoraConfig described by the model config, for a base model of `num_layers` decoder layers."""
     from peft import LoraConfig
 
+    if model_cfg.lora_first_layer >= num_layers:
+        raise UserError(f"model.lora_first_layer={model_cfg.lora_first_layer}, but the policy has {num_layers} layers")
+    layers = list(range(model_cfg.lora_first_layer, num_layers)) if model_cfg.lora_first_layer else None
     return LoraConfig(
         r=model_cfg.lora_r,
         lora_alpha=model_cfg.lora_alpha,
         lora_dropout=model_cfg.lora_dropout,
         target_modules=list(model_cfg.lora_target_modules),
+        layers_to_transform=layers,
         bias="none",
         task_type="CAUSAL_LM",
     )
@@ -119,10 +124,13 @@ class Policy:
         path = check_adapter_dir(path)
         saved = json.loads((path / ADAPTER_CONFIG).read_text())
         current = self.model.peft_config["default"]
-        if saved.get("r") != current.r or set(saved.get("target_modules") or []) != set(current.target_modules):
+        saved_layers, current_layers = saved.get("layers_to_transform"), current.layers_to_transform
+        if (saved.get("r") != current.r or set(saved.get("target_modules") or []) != set(current.target_modules)
+                or (list(saved_layers) if saved_layers else None) != (list(current_layers) if current_layers else None)):
             raise AdapterError(
-                f"adapter {path} has r={saved.get('r')} targets={sorted(saved.get('target_modules') or [])}, "
-                f"the policy has r={current.r} targets={sorted(current.target_modules)}"
+                f"adapter {path} has r={saved.get('r')} targets={sorted(saved.get('target_modules') or [])} "
+                f"layers={saved_layers or 'all'}, the policy has r={current.r} "
+                f"targets={sorted(current.target_modules)} layers={current_layers or 'all'}"
             )
         state = load_file(str(path / ADAPTER_WEIGHTS), device=str(self.device))
         result = set_peft_model_state_dict(self.model, state)
@@ -195,7 +203,7 @@ def load_policy(
         adapter_dir = check_adapter_dir(adapter)
         model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=trainable)
     else:
-        model = get_peft_model(base, lora_config(model_cfg))
+        model = get_peft_model(base, lora_config(model_cfg, base.config.num_hidden_layers))
         if not trainable:
             for param in model.parameters():
                 param.requires_grad_(False)
