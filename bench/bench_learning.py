@@ -168,6 +168,9 @@ def run() -> dict[str, Any]:
     # the selected one, is evaluated only if time is left.
     reserve = 1.5 * greedy_eval_s + sampled_eval_s + 180
     print(f"GRPO until {BUDGET_S - reserve:.0f} s into the run: {reserve:.0f} s are reserved for the final evaluations", flush=True)
+    if time.perf_counter() - started + reserve > BUDGET_S:
+        print(f"no GRPO step fits: the warm start and its evaluations took {time.perf_counter() - started:.0f} s "
+              f"of the {BUDGET_S:.0f} s budget on this machine", flush=True)
     while trainer.step < STEPS:
         elapsed = time.perf_counter() - started
         per_step = (time.perf_counter() - grpo_started) / trainer.step if trainer.step else 0.0
@@ -186,8 +189,11 @@ def run() -> dict[str, Any]:
     checkpoint = trainer.save_checkpoint()
     best = read_best(RUN_DIR) or {"step": 0, "score": float("nan")}  # no GRPO step ran: the warm start
     selected = trainer.best_adapter or RUN_DIR / SFT_DIR
-    methods["trained"] = compare(config, instances, "policy", selected)
-    methods["trained"].update(spread(config, instances, selected))
+    if trainer.step:
+        methods["trained"] = compare(config, instances, "policy", selected)
+        methods["trained"].update(spread(config, instances, selected))
+    else:  # no step fit: the trained policy is the warm start, already evaluated
+        methods["trained"] = dict(methods["warm_start"])
     if best["step"] != trainer.step and time.perf_counter() - started + greedy_eval_s <= BUDGET_S:
         methods["trained_last"] = compare(config, instances, "policy", checkpoint / "adapter")
     trained, warm, rag = methods["trained"], methods["warm_start"], methods["rag"]
@@ -275,11 +281,12 @@ def to_markdown(results: dict[str, Any]) -> str:
         + (f"; the adapter was reused from {s['warm_start_reused_from']}, whose run trained it" if s.get("warm_start_reused_from") else "")
         + f"); {results['grpo_steps']} GRPO steps in {s['grpo_seconds']} s; "
         f"{s['total_seconds'] / 60:.1f} min in all (budget {s['budget_seconds'] / 60:.0f} min). "
+        + ("No GRPO step fit in the budget on this machine: `trained` is the warm start." if not results["grpo_steps"] else
         f"`trained` is the adapter with the best validation QA: step {results['selected_step']} "
         f"(validation QA {results['selected_validation_qa']:.3f}; step 0 is the warm start)"
         + (", `trained_last` the last step's." if "trained_last" in results["methods"]
            else ", the last step's too." if results["selected_step"] == results["grpo_steps"]
-           else "; the last step's adapter was not evaluated: no time was left."), "",
+           else "; the last step's adapter was not evaluated: no time was left.")), "",
         f"Held-out test: {s['test_instances']} instances ({s['test_questions']} questions) of "
         f"{', '.join(COMPETENCIES)}, {s['test_chunks']} chunks each, generator seed {s['test_seed']}; greedy; "
         f"{s['reader']} reader{READER_NOTE.get(s['reader'], '')}; {s['retrieval']}. qa_spread: {s['qa_spread']}.", "",

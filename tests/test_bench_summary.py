@@ -92,3 +92,6 @@ def test_learning_report_says_when_the_last_step_was_not_evaluated():
 
     assert "the last step's too." in selected_last
     assert "the last step's adapter was not evaluated: no time was left." in selected_earlier
+    no_step = to_markdown({**results, "grpo_steps": 0, "selected_step": 0})
+    assert "No GRPO step fit in the budget on this machine: `trained` is the warm start." in no_step
+    assert "best validation QA" not in no_step
