@@ -92,7 +92,7 @@ class ModelConfig(_Section):
     lora_target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     lora_first_layer: int = Field(0, ge=0)
     """LoRA on the decoder layers from this index up (0: all). Backward stops at the first adapted layer,
-    so SFT and GRPO updates skip the layers below it (docs/TRAINING.md, run AH)."""
+    so SFT and GRPO updates skip the layers below it; on the default policy it learned less (docs/TRAINING.md, run AI)."""
     reader: Literal["evidence", "local", "openai"] = "evidence"
     """Who answers questions for r1: evidence check (fast, deterministic), the frozen base policy, or an HTTP endpoint."""
     judge: Literal["local", "openai"] = "local"
