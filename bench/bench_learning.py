@@ -168,9 +168,6 @@ def run() -> dict[str, Any]:
     # the selected one, is evaluated only if time is left.
     reserve = 1.5 * greedy_eval_s + sampled_eval_s + 180
     print(f"GRPO until {BUDGET_S - reserve:.0f} s into the run: {reserve:.0f} s are reserved for the final evaluations", flush=True)
-    if time.perf_counter() - started + reserve > BUDGET_S:
-        print(f"no GRPO step fits: the warm start and its evaluations took {time.perf_counter() - started:.0f} s "
-              f"of the {BUDGET_S:.0f} s budget on this machine", flush=True)
     while trainer.step < STEPS:
         elapsed = time.perf_counter() - started
         per_step = (time.perf_counter() - grpo_started) / trainer.step if trainer.step else 0.0
@@ -183,6 +180,9 @@ def run() -> dict[str, Any]:
         print(f"step {result.step}/{STEPS} reward {result.metrics['reward']:.3f} coverage "
               f"{result.metrics['rewards/coverage/mean']:.3f} ({rate:.0f} s/step, ETA "
               f"{rate * (STEPS - result.step) / 60:.1f} min)", flush=True)
+    if not trainer.step:
+        print(f"no GRPO step fits: the warm start and its evaluations took {time.perf_counter() - started:.0f} s "
+              f"of the {BUDGET_S:.0f} s budget on this machine", flush=True)
     if curve and not config.grpo.is_eval_step(trainer.step):
         curve[-1].update({k: v for k, v in trainer.validate().items() if k.startswith(HELD_OUT_KEYS)})
     grpo_s = time.perf_counter() - grpo_started  # the steps and their validations, not the final evaluations
@@ -271,6 +271,19 @@ def plot(results: dict[str, Any]) -> None:
     plt.close(fig)
 
 
+def _which_adapter(results: dict[str, Any]) -> str:
+    """The report's sentence on which adapters `trained` and `trained_last` are."""
+    if not results["grpo_steps"]:
+        return "No GRPO step fit in the budget on this machine: `trained` is the warm start."
+    selected = (f"`trained` is the adapter with the best validation QA: step {results['selected_step']} "
+                f"(validation QA {results['selected_validation_qa']:.3f}; step 0 is the warm start)")
+    if "trained_last" in results["methods"]:
+        return selected + ", `trained_last` the last step's."
+    if results["selected_step"] == results["grpo_steps"]:
+        return selected + ", the last step's too."
+    return selected + "; the last step's adapter was not evaluated: no time was left."
+
+
 def to_markdown(results: dict[str, Any]) -> str:
     s, t = results["settings"], results["targets"]
     lines = [
@@ -280,13 +293,7 @@ def to_markdown(results: dict[str, Any]) -> str:
         f"({s['warm_start_seconds']} s with setup"
         + (f"; the adapter was reused from {s['warm_start_reused_from']}, whose run trained it" if s.get("warm_start_reused_from") else "")
         + f"); {results['grpo_steps']} GRPO steps in {s['grpo_seconds']} s; "
-        f"{s['total_seconds'] / 60:.1f} min in all (budget {s['budget_seconds'] / 60:.0f} min). "
-        + ("No GRPO step fit in the budget on this machine: `trained` is the warm start." if not results["grpo_steps"] else
-        f"`trained` is the adapter with the best validation QA: step {results['selected_step']} "
-        f"(validation QA {results['selected_validation_qa']:.3f}; step 0 is the warm start)"
-        + (", `trained_last` the last step's." if "trained_last" in results["methods"]
-           else ", the last step's too." if results["selected_step"] == results["grpo_steps"]
-           else "; the last step's adapter was not evaluated: no time was left.")), "",
+        f"{s['total_seconds'] / 60:.1f} min in all (budget {s['budget_seconds'] / 60:.0f} min). " + _which_adapter(results), "",
         f"Held-out test: {s['test_instances']} instances ({s['test_questions']} questions) of "
         f"{', '.join(COMPETENCIES)}, {s['test_chunks']} chunks each, generator seed {s['test_seed']}; greedy; "
         f"{s['reader']} reader{READER_NOTE.get(s['reader'], '')}; {s['retrieval']}. qa_spread: {s['qa_spread']}.", "",

@@ -49,6 +49,13 @@ def lora_config(model_cfg: ModelConfig, num_layers: int):
     )
 
 
+def _adapted_layers(layers: int | list[int] | None) -> list[int] | None:
+    """peft's `layers_to_transform` (one index, a list, or None for every layer) as a sorted list or None."""
+    if layers is None or layers == []:
+        return None
+    return [layers] if isinstance(layers, int) else sorted(layers)
+
+
 def check_adapter_dir(path: str | Path) -> Path:
     """The adapter folder, or AdapterError naming what is missing."""
     path = Path(path)
@@ -124,9 +131,10 @@ class Policy:
         path = check_adapter_dir(path)
         saved = json.loads((path / ADAPTER_CONFIG).read_text())
         current = self.model.peft_config["default"]
-        saved_layers, current_layers = saved.get("layers_to_transform"), current.layers_to_transform
+        saved_layers = _adapted_layers(saved.get("layers_to_transform"))
+        current_layers = _adapted_layers(current.layers_to_transform)
         if (saved.get("r") != current.r or set(saved.get("target_modules") or []) != set(current.target_modules)
-                or (list(saved_layers) if saved_layers else None) != (list(current_layers) if current_layers else None)):
+                or saved_layers != current_layers):
             raise AdapterError(
                 f"adapter {path} has r={saved.get('r')} targets={sorted(saved.get('target_modules') or [])} "
                 f"layers={saved_layers or 'all'}, the policy has r={current.r} "
