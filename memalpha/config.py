@@ -75,6 +75,10 @@ class RewardConfig(_Section):
     """Scale a chunk's content credit (and, under the content gate, r2 and r4) by the share of the
     answers the memory supported before it that it left supported: overwriting a stored answer with
     small talk costs what storing it earned (docs/REWARDS.md)."""
+    shadowed_conflict_credit: float = Field(0.5, ge=0, le=1)
+    """Coverage of a conflict chunk whose writes state the current value while the memory still asserts a
+    superseded one: 0.5 pays half for shadowing the stale entry, 0 pays only for updating or deleting it
+    (docs/REWARDS.md)."""
     reader_view: Literal["whole_if_fits", "retrieve"] = "whole_if_fits"
     """What r1's reader sees in training: the whole memory when it fits memory.reader_view_tokens
     (else retrieval), or always the retrieved entries as in evaluation."""

@@ -126,8 +126,10 @@ class Episode:
         count_tokens: TokenCounter,
         tokenizer=None,
         embedder=None,
+        shadowed_conflict_credit: float = 0.5,
     ):
         self.instance = instance
+        self.shadowed_conflict_credit = shadowed_conflict_credit
         self.memory_cfg = memory_cfg
         self.retrieval_cfg = retrieval_cfg
         self.tokenizer = tokenizer
@@ -195,7 +197,8 @@ class Episode:
         if self._relevant[t]:
             written = self._written(results)
             for j in self._relevant[t]:
-                support[j] = answer_support(self.instance.questions[j], written, chunk_text, lambda: whole)
+                support[j] = answer_support(self.instance.questions[j], written, chunk_text, lambda: whole,
+                                            self.shadowed_conflict_credit)
         supported = memory_support(self.instance.questions, whole)
         kept = retention(self.steps[-1].memory_support if self.steps else {}, supported)
         step = Step(t, prompt, completion, parsed, results, self.store.token_count(), self.store.entry_count(), support,

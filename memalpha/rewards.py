@@ -309,13 +309,14 @@ def coverage_chunks(question: Question, chunks: Sequence[str]) -> list[int] | No
     return stating or evidence
 
 
-def answer_support(question: Question, written: str, chunk_text: str, memory_text: Callable[[], str]) -> float:
+def answer_support(question: Question, written: str, chunk_text: str, memory_text: Callable[[], str],
+                   shadowed_credit: float = 0.5) -> float:
     """How far `written` (what one step wrote, as it reads after the step) supports the answer, in [0, 1].
 
     - summary keywords: the share of the keywords the chunk states that the writes kept;
     - classification: 1 when the evidence reader finds the right label among the written examples;
-    - conflict: 1 when the writes state the current value and not a superseded one, halved while the
-      whole memory (`memory_text()`) still asserts a superseded value;
+    - conflict: 1 when the writes state the current value and not a superseded one, times
+      `shadowed_credit` while the whole memory (`memory_text()`) still asserts a superseded value;
     - otherwise: 1 when a gold answer occurs in the writes, else the best share of a gold answer's
       words they hold (partial credit for lists and multi-word answers).
     """
@@ -331,7 +332,7 @@ def answer_support(question: Question, written: str, chunk_text: str, memory_tex
                              question.superseded_answers)
         if score and competency == "conflict_resolution":
             whole = reader.answer_one(memory_text(), question)
-            score *= 1.0 if score_answer(whole, question.answers, question.question_type, question.superseded_answers) else 0.5
+            score *= 1.0 if score_answer(whole, question.answers, question.question_type, question.superseded_answers) else shadowed_credit
         return score
     best = 0.0
     words = _answer_words(written)

@@ -102,7 +102,8 @@ class RolloutBatch:
 def _new_episodes(policy, instances: list[Instance], config: RunConfig, copies: int) -> list[Episode]:
     """`copies` fresh episodes of each instance, rendered with the policy's chat template."""
     schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
-    return [Episode(inst, schema, config.memory, config.retrieval, policy.count_tokens, policy.tokenizer)
+    return [Episode(inst, schema, config.memory, config.retrieval, policy.count_tokens, policy.tokenizer,
+                    shadowed_conflict_credit=config.reward.shadowed_conflict_credit)
             for inst in instances for _ in range(copies)]
 
 

@@ -2,6 +2,7 @@
 free, verbatim copies lose to facts, and questions without evidence are attributed (docs/REWARDS.md)."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,6 +13,7 @@ from memalpha.memory.schema import MEMALPHA_SCHEMA
 from memalpha.models.readers import EvidenceReader
 from memalpha.parsing import NOTHING_TO_STORE
 from memalpha.rewards import answer_support, attribution_credit, coverage_chunks, retention
+from memalpha.rollout import _new_episodes as new_episodes
 from memalpha.tokens import regex_token_count
 
 CFG = RunConfig()
@@ -140,6 +142,22 @@ def test_answer_support_gives_partial_credit_and_respects_superseded_values():
     assert answer_support(conflict, "Maya lives in Graz.", "", lambda: "- sem-1: Maya lives in Graz.") == 1.0
     assert answer_support(conflict, "Maya lives in Graz.", "", lambda: "- sem-1: Maya lives in Oslo.\n- sem-2: Maya lives in Graz.") == 0.5
     assert answer_support(conflict, "Maya lives in Oslo.", "", lambda: "") == 0.0
+
+
+@pytest.mark.parametrize("credit", [0.5, 0.0])
+def test_shadowing_a_stale_entry_earns_the_configured_credit_and_updating_it_earns_all(credit):
+    chunks = [HEADER + "Maya: I live in Oslo now.", HEADER + "Maya: I moved to Graz last month."]
+    conflict = Question("q", "Where does Maya live now?", ["Graz"], "conflict", [0, 1], ["Oslo"])
+    config = CFG.model_copy(update={"reward": CFG.reward.model_copy(update={"shadowed_conflict_credit": credit})})
+
+    def second_step(completion: str) -> float:
+        writer = SimpleNamespace(count_tokens=regex_token_count, tokenizer=None)  # a policy, as rollouts see it
+        [episode] = new_episodes(writer, [Instance("c", "test", "conflict_resolution", chunks, [conflict], {})], config, 1)
+        episode.step(insert("Maya lives in Oslo."))
+        return episode.step(completion).support[0]
+
+    assert second_step(insert("Maya lives in Graz.")) == credit  # Oslo is still asserted beside it
+    assert second_step(update("sem-1", "Maya lives in Graz.")) == 1.0
 
 
 def test_the_paper_reward_is_still_expressible(scored):

@@ -213,7 +213,7 @@ class RuleWriterMethod(Method):
         built = []
         for inst in instances:
             episode = Episode(inst, self.env.schema, cfg.memory, cfg.retrieval, self.env.count_tokens,
-                              embedder=self.env.embedder)
+                              embedder=self.env.embedder, shadowed_conflict_credit=cfg.reward.shadowed_conflict_credit)
             steps = list(run_rule_writer(episode, writer))
             results = [r for step in steps for r in step.results]
             built.append(
