@@ -115,6 +115,7 @@ class Episode:
 
     With `tokenizer`, prompts are rendered with its chat template (what a policy reads); without, the
     prompt is the plain writer message (for writers that need no model, such as the rule writer).
+    `shadowed_conflict_credit` is `reward.shadowed_conflict_credit`, applied in each step's answer support.
     """
 
     def __init__(
