@@ -55,6 +55,10 @@ class RetrievalConfig(_Section):
     """Two-layer retrieval: how many sections are chosen before ranking their entries."""
 
 
+SHADOWED_CONFLICT_CREDIT = 0.5
+"""Default of `RewardConfig.shadowed_conflict_credit`, shared with the functions that take it."""
+
+
 class RewardConfig(_Section):
     beta: float = Field(0.05, ge=0)
     """Weight of r3, compression (1 - memory tokens / input tokens)."""
@@ -75,7 +79,7 @@ class RewardConfig(_Section):
     """Scale a chunk's content credit (and, under the content gate, r2 and r4) by the share of the
     answers the memory supported before it that it left supported: overwriting a stored answer with
     small talk costs what storing it earned (docs/REWARDS.md)."""
-    shadowed_conflict_credit: float = Field(0.5, ge=0, le=1)
+    shadowed_conflict_credit: float = Field(SHADOWED_CONFLICT_CREDIT, ge=0, le=1)
     """Coverage of a conflict chunk whose writes state the current value while the memory still asserts a
     superseded one: 0.5 pays half for shadowing the stale entry, 0 pays only for updating or deleting it
     (docs/REWARDS.md)."""

@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from memalpha.config import MemoryConfig, RetrievalConfig, RunConfig
+from memalpha.config import SHADOWED_CONFLICT_CREDIT, MemoryConfig, RetrievalConfig, RunConfig
 from memalpha.data.schema import Instance, Question
 from memalpha.memory import MemorySchema, MemoryStore, reader_view, view_ids, whole_view, writer_view
 from memalpha.metrics import score_answer
@@ -127,7 +127,7 @@ class Episode:
         count_tokens: TokenCounter,
         tokenizer=None,
         embedder=None,
-        shadowed_conflict_credit: float = 0.5,
+        shadowed_conflict_credit: float = SHADOWED_CONFLICT_CREDIT,
     ):
         self.instance = instance
         self.shadowed_conflict_credit = shadowed_conflict_credit

@@ -20,7 +20,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from memalpha.config import RewardConfig
+from memalpha.config import SHADOWED_CONFLICT_CREDIT, RewardConfig
 from memalpha.data.schema import Question
 from memalpha.metrics import normalize_answer, score_answer
 from memalpha.text import MONTH_ABBREVIATIONS, MONTHS, WEEKDAYS, tokenize
@@ -310,7 +310,7 @@ def coverage_chunks(question: Question, chunks: Sequence[str]) -> list[int] | No
 
 
 def answer_support(question: Question, written: str, chunk_text: str, memory_text: Callable[[], str],
-                   shadowed_credit: float = 0.5) -> float:
+                   shadowed_credit: float = SHADOWED_CONFLICT_CREDIT) -> float:
     """How far `written` (what one step wrote, as it reads after the step) supports the answer, in [0, 1].
 
     - summary keywords: the share of the keywords the chunk states that the writes kept;
