@@ -34,6 +34,10 @@ NEAR_DUPLICATE = 0.8
 """Jaccard similarity of content words above which two entries say the same thing."""
 SAME_SUBJECT = 0.6
 """Share of an entry's content words found in another entry above which the other covers its subject."""
+UPDATE_SHARED_WORDS = 2
+"""Content words (reported speech and dates aside) an update must share with the entry it replaces: the
+rule writer's updates do in 95% of cases (its change announcements name the person and the attribute),
+in 88% of its warm start's updates (most overwrite an unrelated fact) they do not (docs/REWARDS.md)."""
 
 
 @dataclass
@@ -111,6 +115,19 @@ def _jaccard(a: set[str], b: set[str]) -> float:
 
 def _containment(part: set[str], whole: set[str]) -> float:
     return len(part & whole) / len(part) if part else 0.0
+
+
+_NOT_A_SUBJECT = frozenset(tokenize(" ".join(("said", *MONTHS))))
+
+
+def _subject_words(text: str) -> set[str]:
+    return {w for w in _words(text) if w not in _NOT_A_SUBJECT and not w.isdigit()}
+
+
+def keeps_subject(previous: str, new: str) -> bool:
+    """An update of a list entry is about what it replaces: the two share `UPDATE_SHARED_WORDS` content
+    words. Otherwise it overwrites one fact with an unrelated one, an insert that destroys a fact."""
+    return len(_subject_words(previous) & _subject_words(new)) >= UPDATE_SHARED_WORDS
 
 
 def _id_number(entry_id: str | None) -> int:
@@ -203,7 +220,8 @@ def _delete_is_justified(result: ToolResult, context: JudgeContext) -> bool:
 
 
 def write_is_clean(result: ToolResult, context: JudgeContext) -> bool:
-    """The type-independent rules: executed, real content, not about the memory, not a duplicate or no-op."""
+    """The type-independent rules: executed, real content, not about the memory, not a duplicate, a no-op or a
+    misaimed update (`keeps_subject`)."""
     if not result.ok or result.call is None:
         return False
     if result.name == "memory_delete":
@@ -213,6 +231,8 @@ def write_is_clean(result: ToolResult, context: JudgeContext) -> bool:
         return False
     if result.previous_content is not None and content.strip() == result.previous_content.strip():
         return False  # an update that changes nothing
+    if result.entry_id is not None and result.previous_content is not None and not keeps_subject(result.previous_content, content):
+        return False  # a misaimed update: paragraphs (no entry id) are rewritten whole and exempt
     return not _is_duplicate(result, context)
 
 

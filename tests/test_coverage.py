@@ -193,7 +193,10 @@ def test_overwriting_a_stored_answer_scores_below_skipping_the_chunk():
     assert skipped.total == pytest.approx(step_reward(insert("Maya and Leo enjoy walks in the sun."))[1].total)
 
     kept_off = CFG.model_copy(update={"reward": CFG.reward.model_copy(update={"retention": False})})
-    assert step_reward(overwrite, kept_off)[1].total == pytest.approx(step_reward(NOTHING_TO_STORE, kept_off)[1].total)
+    # without retention only the judge tells them apart: the update is misaimed (r4 = 0, the skip's is 1)
+    assert step_reward(overwrite, kept_off)[1].r4 == 0.0
+    assert step_reward(overwrite, kept_off)[1].total == pytest.approx(
+        step_reward(NOTHING_TO_STORE, kept_off)[1].total - CFG.reward.gamma)
 
 
 def test_a_trajectory_that_overwrites_an_answer_loses_credit_on_that_chunk(scored):

@@ -18,6 +18,7 @@ from memalpha.rewards import (
     fits_memory_type,
     is_meta,
     is_placeholder,
+    keeps_subject,
     llm_verdicts,
     rule_judge,
     rule_verdicts,
@@ -177,6 +178,30 @@ def test_noop_update_is_invalid_and_real_update_valid():
         ]
     )
     assert rule_verdicts(results, store) == [[True], [False], [True]]
+
+
+def test_an_update_that_replaces_an_unrelated_fact_is_invalid():
+    store, results, flags = run(
+        [
+            "\n".join([insert("semantic", "Pavel lives in Leipzig these days."),
+                        insert("episodic", "On 3 May 2023, Pavel had lunch with Gwen.")]),
+            "\n".join([
+                # misaimed: the city fact is overwritten with an unrelated one
+                call("memory_update", memory_type="semantic", memory_id="sem-1", new_content="Gwen plays the oboe in a band."),
+                # sharing only a date is no shared subject either
+                call("memory_update", memory_type="episodic", memory_id="epi-2", new_content="On 3 May 2023, Gwen bought a van."),
+                # a core paragraph is rewritten whole: nothing to aim at
+                call("memory_update", memory_type="core", new_content="Conversation between Pavel and Gwen, two friends."),
+            ]),
+            # aimed: the entry now holds Gwen's instrument, and this changes it
+            call("memory_update", memory_type="semantic", memory_id="sem-1",
+                 new_content="Gwen switched from the oboe to the mandolin."),
+        ]
+    )
+    assert all(r.ok for chunk in results for r in chunk)
+    assert rule_verdicts(results, store) == [[True, True], [False, False, True], [True]]
+    assert keeps_subject("Being a translator keeps Nadia busy.", "No longer a translator, Nadia works as a court reporter.")
+    assert not keeps_subject("Stellan is moving to Bergen next month.", "Stellan said that work is busy.")
 
 
 def test_delete_is_valid_only_for_a_duplicate_or_superseded_entry():
