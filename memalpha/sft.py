@@ -23,6 +23,7 @@ from memalpha.episode import Episode
 from memalpha.generation import MIN_SHARED_PREFIX, generate, keep_last
 from memalpha.memory.schema import get_schema
 from memalpha.parsing import NOTHING_TO_STORE, parse_tool_calls
+from memalpha.rewards import keeps_subject
 from memalpha.rule_writer import rule_writer_for, run_rule_writer
 from memalpha.tokens import tokenizer_counter
 
@@ -153,10 +154,38 @@ def extraction_probes(instances: list[Instance], config: RunConfig, tokenizer, c
     return probes[:count]
 
 
+@dataclass
+class ProbeScore:
+    """What one greedy output on a held-out chunk did (see `extraction_metrics`)."""
+
+    valid: bool
+    skip_correct: bool
+    recall: float | None
+    """Mean support of the chunk's gold facts; None for a chunk without evidence."""
+    updates: int
+    aimed: int
+
+
+def score_probe(probe: Probe, completion: str) -> ProbeScore:
+    """Step `completion` on a copy of the probe's memory and score it."""
+    step = probe.episode.copy().step(completion)
+    skipped = step.parse.nothing_to_store
+    list_updates = [r for r in step.results if r.ok and r.name == "memory_update" and r.entry_id is not None]
+    return ProbeScore(
+        valid=not step.parse.errors and (skipped or bool(step.parse.calls)),
+        skip_correct=skipped != probe.holds_evidence,
+        recall=sum(step.support.values()) / len(step.support) if probe.holds_evidence else None,
+        updates=len(list_updates),
+        aimed=sum(keeps_subject(r.previous_content or "", r.content or "") for r in list_updates),
+    )
+
+
 def extraction_metrics(policy, probes: list[Probe], max_new_tokens: int) -> dict[str, float]:
     """Greedy outputs on held-out chunks: `valid_calls` (share of outputs that parse whole: calls or an
     explicit skip), `evidence_recall` (mean coverage support of the gold facts of evidence chunks),
-    `skip_accuracy` (share of chunks where the writer skipped exactly when the chunk holds no evidence)."""
+    `skip_accuracy` (share of chunks where the writer skipped exactly when the chunk holds no evidence),
+    `updates` (list-entry updates a chunk) and `update_aim` (share of them that keep the subject of the entry
+    they replace, `rewards.keeps_subject`; 1 when there were none, as none missed)."""
     tokenizer = policy.tokenizer
     ids = [tokenizer(p.episode.prompt(), add_special_tokens=False)["input_ids"] for p in probes]
     eos = [tokenizer.eos_token_id] + ([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else [])
@@ -168,18 +197,13 @@ def extraction_metrics(policy, probes: list[Probe], max_new_tokens: int) -> dict
                            pad_token_id=tokenizer.pad_token_id, greedy=True)
     finally:
         policy.model.train(was_training)
-    valid = recall = skips = 0.0
-    evidence = 0
-    for probe, completion in zip(probes, out.completion_ids):
-        step = probe.episode.copy().step(tokenizer.decode(completion, skip_special_tokens=True))
-        skipped = step.parse.nothing_to_store
-        valid += not step.parse.errors and (skipped or bool(step.parse.calls))
-        skips += skipped != probe.holds_evidence
-        if probe.holds_evidence:
-            evidence += 1
-            recall += sum(step.support.values()) / len(step.support)
-    n = max(len(probes), 1)
-    return {"valid_calls": valid / n, "evidence_recall": recall / max(evidence, 1), "skip_accuracy": skips / n}
+    scores = [score_probe(p, tokenizer.decode(c, skip_special_tokens=True)) for p, c in zip(probes, out.completion_ids)]
+    recalls = [s.recall for s in scores if s.recall is not None]
+    updates = sum(s.updates for s in scores)
+    n = max(len(scores), 1)
+    return {"valid_calls": sum(s.valid for s in scores) / n, "evidence_recall": sum(recalls) / max(len(recalls), 1),
+            "skip_accuracy": sum(s.skip_correct for s in scores) / n, "updates": updates / n,
+            "update_aim": sum(s.aimed for s in scores) / updates if updates else 1.0}
 
 
 @dataclass

@@ -13,10 +13,18 @@ from memalpha.episode import Episode
 from memalpha.memory.schema import MEMALPHA_SCHEMA
 from memalpha.memory.views import view_ids, writer_view
 from memalpha.models.policy import load_policy
-from memalpha.parsing import parse_tool_calls
+from memalpha.parsing import NOTHING_TO_STORE, parse_tool_calls
 from memalpha.prompts import render_writer_prompt
 from memalpha.rule_writer import RuleWriter
-from memalpha.sft import Demonstration, DemoStats, build_demonstrations, demonstration_max_length, extraction_probes, run_sft
+from memalpha.sft import (
+    Demonstration,
+    DemoStats,
+    build_demonstrations,
+    demonstration_max_length,
+    extraction_probes,
+    run_sft,
+    score_probe,
+)
 
 OVERRIDES = ["model.policy=tiny", "model.dtype=float32", "model.device=cpu", "sft.max_length=768", "sft.batch_size=4"]
 
@@ -265,8 +273,25 @@ def test_held_out_extraction_is_measured_each_epoch_and_a_plateau_stops_training
     # the random tiny model never gets better: epoch 2 shows the plateau and training stops there
     assert [e["epoch"] for e in result.epochs] == [1, 2] and result.best_epoch == 1 and result.steps == 2
     for epoch in result.epochs:
-        assert {"valid_calls", "evidence_recall", "skip_accuracy"} <= epoch.keys()
+        assert {"valid_calls", "evidence_recall", "skip_accuracy", "updates", "update_aim"} <= epoch.keys()
         assert all(0.0 <= epoch[k] <= 1.0 for k in ("valid_calls", "evidence_recall", "skip_accuracy"))
     assert sum("sft_eval/evidence_recall" in record for record in logged) == 2
     assert json.loads((tmp_path / "warm" / "sft_result.json").read_text())["epochs"] == result.epochs
 
+
+
+def test_a_held_out_update_counts_as_aimed_only_when_it_keeps_the_entry_subject(config, instances):
+    policy = load_policy(config.model)
+    probes = extraction_probes(instances, config, policy.tokenizer, count=64)
+    probe = next(p for p in probes if any(True for _ in p.episode.store.all_entries()))
+    section, entry = next(iter(probe.episode.store.all_entries()))
+    kept = entry.content.rstrip(".") + ", as before."
+
+    def update(content: str) -> str:
+        return json.dumps({"name": "memory_update", "arguments": {"memory_type": section, "memory_id": entry.id, "new_content": content}})
+
+    aimed = score_probe(probe, update(kept))
+    assert (aimed.updates, aimed.aimed, aimed.valid) == (1, 1, True)
+    misaimed = score_probe(probe, update("Quentin bought a zither yesterday."))
+    assert (misaimed.updates, misaimed.aimed) == (1, 0)
+    assert score_probe(probe, NOTHING_TO_STORE).updates == 0
