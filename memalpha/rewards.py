@@ -124,6 +124,11 @@ def _subject_words(text: str) -> set[str]:
     return {w for w in _words(text) if w not in _NOT_A_SUBJECT and not w.isdigit()}
 
 
+def is_entry_update(result: ToolResult) -> bool:
+    """An executed update of a list entry (a paragraph has no entry id: it is rewritten whole)."""
+    return result.ok and result.name == "memory_update" and result.entry_id is not None
+
+
 def keeps_subject(previous: str, new: str) -> bool:
     """An update of a list entry is about what it replaces: the two share `UPDATE_SHARED_WORDS` content
     words. Otherwise it overwrites one fact with an unrelated one, an insert that destroys a fact."""
@@ -231,8 +236,8 @@ def write_is_clean(result: ToolResult, context: JudgeContext) -> bool:
         return False
     if result.previous_content is not None and content.strip() == result.previous_content.strip():
         return False  # an update that changes nothing
-    if result.entry_id is not None and result.previous_content is not None and not keeps_subject(result.previous_content, content):
-        return False  # a misaimed update: paragraphs (no entry id) are rewritten whole and exempt
+    if is_entry_update(result) and not keeps_subject(result.previous_content or "", content):
+        return False  # a misaimed update
     return not _is_duplicate(result, context)
 
 

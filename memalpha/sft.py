@@ -23,7 +23,7 @@ from memalpha.episode import Episode
 from memalpha.generation import MIN_SHARED_PREFIX, generate, keep_last
 from memalpha.memory.schema import get_schema
 from memalpha.parsing import NOTHING_TO_STORE, parse_tool_calls
-from memalpha.rewards import keeps_subject
+from memalpha.rewards import is_entry_update, keeps_subject
 from memalpha.rule_writer import rule_writer_for, run_rule_writer
 from memalpha.tokens import tokenizer_counter
 
@@ -170,7 +170,7 @@ def score_probe(probe: Probe, completion: str) -> ProbeScore:
     """Step `completion` on a copy of the probe's memory and score it."""
     step = probe.episode.copy().step(completion)
     skipped = step.parse.nothing_to_store
-    list_updates = [r for r in step.results if r.ok and r.name == "memory_update" and r.entry_id is not None]
+    list_updates = [r for r in step.results if is_entry_update(r)]
     return ProbeScore(
         valid=not step.parse.errors and (skipped or bool(step.parse.calls)),
         skip_correct=skipped != probe.holds_evidence,
