@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger, runtime
@@ -40,11 +41,14 @@ def grpo(config: RunConfig = default_config(), parent_run_id: str | None = None,
             "prefect.deployment": str(runtime.deployment.name or "")}
     run_id = open_run(config, str(run_dir), tags, parent_run_id)
     logger.info("MLflow run %s, run folder %s", tracking.run_url(run_id), run_dir)
+    started = time.time()
     try:
-        warm_start(config, str(run_dir), run_id)
+        warm_start(config, str(run_dir), run_id, started)
         block = None
         for first, last in block_bounds(config.grpo.steps, config.grpo.checkpoint_every, config.grpo.eval_every):
-            block = train_block(config, str(run_dir), run_id, first, last)
+            if block is not None and block["stopped_early"]:
+                break  # the time budget is spent; the block evaluated and checkpointed its last step
+            block = train_block(config, str(run_dir), run_id, first, last, started)
         model = register_model(config, str(run_dir), run_id, block["checkpoint"], register_adapter) if block else None
     except BaseException:
         close_run(run_id, "FAILED")

@@ -57,6 +57,8 @@ class RetrievalConfig(_Section):
 
 SHADOWED_CONFLICT_CREDIT = 0.5
 """Default of `RewardConfig.shadowed_conflict_credit`, shared with the functions that take it."""
+WARM_START_BUDGET_SHARE = 0.5
+"""Share of `time_budget_minutes` the warm start may use; the rest holds the warm start's evaluation and GRPO."""
 
 
 class RewardConfig(_Section):
@@ -309,6 +311,14 @@ class RunConfig(_Section):
     sft: SFTConfig = SFTConfig()
     eval: EvalConfig = EvalConfig()
     tracking: TrackingConfig = TrackingConfig()
+    time_budget_minutes: float | None = Field(None, gt=0)
+    """Wall-clock minutes for the warm start and the GRPO steps of one run (None: no limit). The warm start
+    stops after the SFT step that reaches `WARM_START_BUDGET_SHARE` of it; GRPO stops after the step past
+    which the next one would not fit, and evaluates and checkpoints there. At least one GRPO step runs."""
+
+    def deadline(self, started: float, share: float = 1.0) -> float | None:
+        """The `time.time()` by which `share` of `time_budget_minutes`, counted from `started`, is spent."""
+        return None if self.time_budget_minutes is None else started + share * 60 * self.time_budget_minutes
 
     @model_validator(mode="after")
     def _runnable(self) -> RunConfig:
@@ -345,7 +355,7 @@ class RunConfig(_Section):
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
-NOT_TRAINING = ("name", "output_dir", "tracking.", "eval.", "grpo.steps", "grpo.eval_every")
+NOT_TRAINING = ("name", "output_dir", "tracking.", "eval.", "grpo.steps", "grpo.eval_every", "time_budget_minutes")
 """Fields (or dotted prefixes) that do not change what a training step computes: names, paths, tracking,
 evaluation, and how long a run goes (a run can be extended)."""
 

@@ -341,6 +341,7 @@ def run_sft(
     on_log: Callable[[dict], None] | None = None,
     probes: list[Probe] | None = None,
     max_new_tokens: int = 96,
+    deadline: float | None = None,
 ) -> SFTResult:
     """Train the policy's LoRA adapter on the demonstrations with TRL's SFTTrainer and save it.
 
@@ -353,6 +354,9 @@ def run_sft(
     With `probes`, held-out extraction (`extraction_metrics`) is measured after every epoch and logged as
     `sft_eval/*`; training stops once evidence recall has not improved by `sft.min_delta` for
     `sft.patience` epochs, and the adapter of the best epoch is the one kept.
+
+    With `deadline` (a `time.time()`), training stops after the step past which another would end later
+    (the held-out check of the epoch still runs).
     """
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
@@ -367,7 +371,10 @@ def run_sft(
     best: dict = {"recall": -1.0, "epoch": 0, "weights": None}
 
     class _Record(TrainerCallback):
+        began = 0.0
+
         def on_train_begin(self, args, state, control, **kwargs):
+            self.began = time.time()
             if on_log is not None:  # lets a progress line time the first step
                 on_log({"step": state.global_step, "max_steps": state.max_steps})
 
@@ -376,6 +383,11 @@ def run_sft(
                 losses.append(float(logs["token_loss"]))  # per completion token, comparable across budgets
             if logs and on_log is not None:
                 on_log({"step": state.global_step, "max_steps": state.max_steps, **logs})
+
+        def on_step_end(self, args, state, control, **kwargs):
+            now = time.time()
+            if deadline is not None and now + (now - self.began) / max(state.global_step, 1) > deadline:
+                control.should_training_stop = True
 
         def on_epoch_end(self, args, state, control, **kwargs):
             if not probes:

@@ -30,7 +30,7 @@ import torch
 
 from memalpha.checkpoint import (ADAPTER, BEST, CheckpointState, latest_checkpoint, load_checkpoint, read_best, read_state,
                                  save_best, save_checkpoint)
-from memalpha.config import RunConfig, training_fields
+from memalpha.config import WARM_START_BUDGET_SHARE, RunConfig, training_fields
 from memalpha.data.schema import Instance
 from memalpha.episode import thin_distractors, truncate_for_training
 from memalpha.errors import UserError
@@ -122,10 +122,12 @@ def _regex_tokenizer():
 
 
 def warm_start(config: RunConfig, run_dir: Path, policy, instances: list[Instance],
-               held_out: list[Instance] = (), on_log: Callable[[dict], None] | None = None) -> Path:
+               held_out: list[Instance] = (), on_log: Callable[[dict], None] | None = None,
+               started: float | None = None) -> Path:
     """SFT warm start into run_dir/sft (rule-writer demonstrations + TRL SFTTrainer), measuring extraction
     on `sft.eval_chunks` chunks of the `held_out` instances after every epoch; the policy ends with the
-    warm-start adapter. An existing adapter there is loaded instead of retraining."""
+    warm-start adapter. An existing adapter there is loaded instead of retraining. Under a time budget
+    the run began at `started` (a `time.time()`, default now) and SFT gets `WARM_START_BUDGET_SHARE` of it."""
     from memalpha.sft import DemoStats, build_demonstrations, demonstration_max_length, extraction_probes, run_sft
 
     out = Path(run_dir) / SFT_DIR
@@ -141,15 +143,17 @@ def warm_start(config: RunConfig, run_dir: Path, policy, instances: list[Instanc
     if tmp.exists():
         shutil.rmtree(tmp)
     probes = extraction_probes(list(held_out), config, policy.tokenizer, config.sft.eval_chunks)
+    deadline = config.deadline(time.time() if started is None else started, WARM_START_BUDGET_SHARE)
     result = run_sft(policy, demos, tmp, config.sft, seed=config.grpo.seed, on_log=on_log or SFTProgress(log.info),
-                     probes=probes, max_new_tokens=config.rollout.max_completion_length)
+                     probes=probes, max_new_tokens=config.rollout.max_completion_length, deadline=deadline)
     tmp.rename(out)
     log.info("warm start: %d SFT steps in %.0f s (best epoch %d of %d)", result.steps, result.seconds,
              result.best_epoch, len(result.epochs))
     return out
 
 
-def prepare_warm_start(config: RunConfig, run_dir: str | Path, on_log: Callable[[dict], None] | None = None) -> Path | None:
+def prepare_warm_start(config: RunConfig, run_dir: str | Path, on_log: Callable[[dict], None] | None = None,
+                       started: float | None = None) -> Path | None:
     """The warm-start adapter of a run folder, trained now if missing (None when sft.enabled is false).
     For pipelines that run the warm start as its own step; Trainer does the same on construction."""
     from memalpha.models.policy import load_policy
@@ -158,7 +162,7 @@ def prepare_warm_start(config: RunConfig, run_dir: str | Path, on_log: Callable[
         return None
     policy = load_policy(config.model, seed=config.grpo.seed)
     data = load_training_data(config, policy.tokenizer)
-    return warm_start(config, Path(run_dir), policy, data.splits["train"], data.splits["validation"], on_log)
+    return warm_start(config, Path(run_dir), policy, data.splits["train"], data.splits["validation"], on_log, started)
 
 
 def _needs_warm_start(run_dir: Path) -> bool:
@@ -170,8 +174,9 @@ class Trainer:
     """GRPO over LoRA adapters with checkpoints and exact resume (see the module docstring)."""
 
     def __init__(self, config: RunConfig, run_dir: str | Path, force: bool = False,
-                 on_warm_start_log: Callable[[dict], None] | None = None):
-        """`on_warm_start_log` receives the warm start's records (default: progress lines to the log)."""
+                 on_warm_start_log: Callable[[dict], None] | None = None, started: float | None = None):
+        """`on_warm_start_log` receives the warm start's records (default: progress lines to the log);
+        `started` (a `time.time()`, default now) is when the run began, for `time_budget_minutes`."""
         from memalpha.models.judges import make_judge
         from memalpha.models.policy import load_policy
         from memalpha.models.readers import make_reader
@@ -180,6 +185,11 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.force = force
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.started = time.time() if started is None else started
+        self.out_of_time = False
+        """Whether the time budget has no room for another step (set by each `train_step`)."""
+        self.stopped_early = False
+        """Whether `train` stopped before `grpo.steps` because of the time budget."""
         cfg = config.grpo
         self.policy = load_policy(config.model, seed=cfg.seed)
         loaded = load_training_data(config, self.policy.tokenizer)
@@ -188,7 +198,7 @@ class Trainer:
         self.warm_start_dir: Path | None = None
         if config.sft.enabled and _needs_warm_start(self.run_dir):
             self.warm_start_dir = warm_start(config, self.run_dir, self.policy, self.data["train"], self.data["validation"],
-                                             on_warm_start_log)
+                                             on_warm_start_log, self.started)
         self.reader = make_reader(config.model, self.policy)
         self.judge = make_judge(config.model, self.policy) if config.reward.judge == "llm" else None
         seed_everything(cfg.seed)  # identical state whether the warm start ran now or was loaded
@@ -247,7 +257,9 @@ class Trainer:
 
     # ---- one step --------------------------------------------------------------------------------
     def train_step(self) -> StepResult:
-        """One GRPO step: rollouts, advantages, update; appends the metrics to run_dir/metrics.jsonl."""
+        """One GRPO step: rollouts, advantages, update; appends the metrics to run_dir/metrics.jsonl. The
+        held-out evaluation follows on the steps `GRPOConfig.is_eval_step` names and once the time budget
+        has no room for another step (`out_of_time`)."""
         cfg = self.config.grpo
         started = time.perf_counter()
         # the policy before any update: the baseline the held-out curve starts from
@@ -288,7 +300,8 @@ class Trainer:
             "curriculum/distractors_kept": distractors_kept,
             "data/dropped_instances": float(self.dropped_instances.get("train", 0)),
         })
-        if cfg.is_eval_step(self.step):
+        self.out_of_time = self._no_time_for_another_step(metrics["timing/step_s"])
+        if self.out_of_time or cfg.is_eval_step(self.step):
             metrics.update(self.validate())
         self.history.append({"step": self.step, **metrics})
         with open(self.run_dir / METRICS_FILE, "a") as fh:
@@ -502,7 +515,10 @@ class Trainer:
     def train(self, on_step: Callable[[StepResult], None] | None = None, until: int | None = None) -> Path | None:
         """Run the remaining steps up to `until` (default and at most grpo.steps), checkpointing every
         grpo.checkpoint_every steps and at the end; returns the last checkpoint saved (None when no step
-        ran). The Prefect flow runs it block by block (`until` = the block's last step)."""
+        ran). The Prefect flow runs it block by block (`until` = the block's last step).
+
+        Under `time_budget_minutes` the step after which another would end past the deadline is the last
+        (`out_of_time`): it is evaluated and checkpointed, and `stopped_early` is set when steps were left."""
         cfg = self.config.grpo
         end = min(until or cfg.steps, cfg.steps)
         last = None
@@ -510,9 +526,20 @@ class Trainer:
             result = self.train_step()
             if on_step is not None:
                 on_step(result)
-            if self.step % cfg.checkpoint_every == 0 or self.step == end:
+            if self.step % cfg.checkpoint_every == 0 or self.step == end or self.out_of_time:
                 last = self.save_checkpoint()
+            if self.out_of_time:
+                self.stopped_early = self.step < cfg.steps
+                break
         return last
+
+    def _no_time_for_another_step(self, step_s: float) -> bool:
+        """Under `time_budget_minutes`: whether a step of the run's mean step time would end past the deadline."""
+        deadline = self.config.deadline(self.started)
+        if deadline is None:
+            return False
+        times = [h["timing/step_s"] for h in self.history if "timing/step_s" in h] + [step_s]
+        return time.time() + sum(times) / len(times) > deadline
 
 
 def _sampling_gap(rows: list[Sample], logps: torch.Tensor) -> float:

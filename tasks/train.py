@@ -221,16 +221,17 @@ def publish_block(config: RunConfig, run_dir: Path, run_id: str, first: int, las
 
 
 @task(name="warm-start", cache_policy=NO_CACHE, retries=1)
-def warm_start(config: RunConfig, run_dir: str, run_id: str) -> str | None:
+def warm_start(config: RunConfig, run_dir: str, run_id: str, started: float | None = None) -> str | None:
     """SFT warm start (rule-writer demonstrations + LoRA) when configured; returns the adapter folder.
 
-    The adapter lands in <run_dir>/sft, where the first GRPO block's Trainer loads it.
+    The adapter lands in <run_dir>/sft, where the first GRPO block's Trainer loads it. `started` (a
+    `time.time()`) is when the flow began, for `time_budget_minutes`.
     """
     from memalpha.progress import SFTProgress
     from memalpha.trainer import prepare_warm_start
 
     started = time.perf_counter()
-    adapter = prepare_warm_start(config, run_dir, on_log=SFTProgress(get_run_logger().info))
+    adapter = prepare_warm_start(config, run_dir, on_log=SFTProgress(get_run_logger().info), started=started)
     if adapter is None:  # disabled, or a re-run past the first checkpoint (it holds newer weights)
         return None
     client = tracking.configure()
@@ -246,14 +247,16 @@ def warm_start(config: RunConfig, run_dir: str, run_id: str) -> str | None:
 
 
 @task(name="train-block", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-def train_block(config: RunConfig, run_dir: str, run_id: str, first: int, last: int) -> dict[str, Any]:
-    """GRPO steps first..last: resume from the latest checkpoint, train, evaluate, checkpoint, publish."""
+def train_block(config: RunConfig, run_dir: str, run_id: str, first: int, last: int,
+                started: float | None = None) -> dict[str, Any]:
+    """GRPO steps first..last: resume from the latest checkpoint, train, evaluate, checkpoint, publish.
+    Under `time_budget_minutes` (counted from `started`) the block may end early: `stopped_early`."""
     from memalpha.progress import GRPOProgress, SFTProgress
     from memalpha.trainer import Trainer
 
     logger = get_run_logger()
     path = Path(run_dir)
-    trainer = Trainer(config, path, on_warm_start_log=SFTProgress(logger.info))
+    trainer = Trainer(config, path, on_warm_start_log=SFTProgress(logger.info), started=started)
     trainer.maybe_resume()
     resumed = trainer.step
     logger.info("block %d-%d: resumed from checkpoint at step %d", first, last, resumed)
@@ -271,9 +274,14 @@ def train_block(config: RunConfig, run_dir: str, run_id: str, first: int, last: 
         _maybe_fail(path, result.step)
 
     checkpoint = trainer.train(on_step, until=last) or checkpoint_dir(path, last)
+    if trainer.stopped_early:
+        logger.info("time budget of %s min spent: stopping after step %d of %d", config.time_budget_minutes,
+                    trainer.step, config.grpo.steps)
+        last = trainer.step
     published = publish_block(config, path, run_id, first, last, checkpoint)
     logger.info("block %d-%d: checkpoint %s, %d steps published to MLflow", first, last, checkpoint, published)
-    return {"first": first, "last": last, "resumed_from": resumed, "checkpoint": str(checkpoint), "published": published}
+    return {"first": first, "last": last, "resumed_from": resumed, "checkpoint": str(checkpoint), "published": published,
+            "stopped_early": trainer.stopped_early}
 
 
 def _base_model_path(config: RunConfig, policy, run_dir: Path) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -278,6 +279,15 @@ def test_held_out_extraction_is_measured_each_epoch_and_a_plateau_stops_training
     assert sum("sft_eval/evidence_recall" in record for record in logged) == 2
     assert json.loads((tmp_path / "warm" / "sft_result.json").read_text())["epochs"] == result.epochs
 
+
+
+def test_a_deadline_stops_sft_after_the_step_that_reaches_it_and_still_checks_held_out(tmp_path, config, instances):
+    policy = load_policy(config.model)
+    probes = extraction_probes(instances[-2:], config, policy.tokenizer, count=2)
+    sft_cfg = config.sft.model_copy(update={"batch_size": 2, "micro_batch_size": 2, "epochs": 2.0})
+    result = run_sft(policy, _short_demos(policy)[:4], tmp_path / "warm", sft_cfg, probes=probes, max_new_tokens=4,
+                     deadline=time.time())
+    assert result.steps == 1 and [e["step"] for e in result.epochs] == [1]  # of 4 steps without the deadline
 
 
 def test_a_held_out_update_counts_as_aimed_only_when_it_keeps_the_entry_subject(config, instances):

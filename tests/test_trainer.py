@@ -115,6 +115,34 @@ def test_resume_refuses_a_changed_training_config(finished):
     assert Trainer(_config(data, "grpo.steps=5"), run).maybe_resume()
 
 
+def test_a_time_budget_ends_training_at_the_last_step_that_fits_and_evaluates_it(finished, tmp_path, monkeypatch):
+    data, run, _, _ = finished
+    clock = [1000.0]
+    monkeypatch.setattr("memalpha.trainer.time.time", lambda: clock[0])
+    # 30 s of budget; each step advances the clock 10 s and takes well under that: after step 3 (at 1030 s)
+    # another step would end past the deadline
+    trainer = Trainer(_config(data, "grpo.steps=5", "grpo.eval_every=5", "time_budget_minutes=0.5"),
+                      _run_dir(tmp_path, run / SFT_DIR))
+    step = trainer.train_step
+
+    def ten_second_step():
+        clock[0] += 10.0
+        return step()
+
+    trainer.train_step = ten_second_step
+    results = []
+    last = trainer.train(results.append)
+    assert [r.step for r in results] == [1, 2, 3] and trainer.stopped_early
+    assert last.name == "step-000003" and last.is_dir()
+    assert "eval/qa_score" in results[2].metrics and "eval/qa_score" not in results[1].metrics
+    # started past the deadline: one step, evaluated, then stop
+    late = Trainer(_config(data, "grpo.steps=5", "time_budget_minutes=0.5"), _run_dir(tmp_path, run / SFT_DIR, "late"),
+                   started=clock[0] - 60)
+    results = []
+    late.train(results.append)
+    assert [r.step for r in results] == [1] and late.stopped_early and "eval/qa_score" in results[0].metrics
+
+
 def test_evaluate_is_greedy_and_does_not_touch_training_randomness(finished):
     _, _, trainer, _ = finished
     state = trainer.generator.get_state()
