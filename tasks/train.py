@@ -230,14 +230,14 @@ def warm_start(config: RunConfig, run_dir: str, run_id: str, started: float | No
     from memalpha.progress import SFTProgress
     from memalpha.trainer import prepare_warm_start
 
-    started = time.perf_counter()
+    began = time.perf_counter()
     adapter = prepare_warm_start(config, run_dir, on_log=SFTProgress(get_run_logger().info), started=started)
     if adapter is None:  # disabled, or a re-run past the first checkpoint (it holds newer weights)
         return None
     client = tracking.configure()
     if not tracking.artifact_exists(run_id, "sft"):
         client.log_artifacts(run_id, str(adapter), "sft")
-        client.log_metric(run_id, "sft/seconds", time.perf_counter() - started, step=0)
+        client.log_metric(run_id, "sft/seconds", time.perf_counter() - began, step=0)
         result = Path(adapter) / "sft_result.json"
         for epoch in json.loads(result.read_text()).get("epochs", []) if result.is_file() else []:
             metrics = {f"sft_eval/{k}": v for k, v in epoch.items() if k not in ("epoch", "step")}
