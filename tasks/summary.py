@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tasks.tracking import VALIDATION_KEY, configure, find_run, logged_steps, metric_series, run_url
+from tasks.tracking import TIME_BUDGET_TAG, VALIDATION_KEY, configure, find_run, logged_steps, metric_series, run_url
 
 REWARD_KEY = "reward"
 """The trainer's mean total reward per step (TRL's name)."""
@@ -30,7 +30,8 @@ def summarize(run_id: str) -> str:
         if warm in run.data.metrics:
             lines.append(f"held-out QA: warm start {run.data.metrics[warm]:.4f} -> final policy {value:.4f} "
                          f"(greedy, validation split, retrieval as in evaluation)")
-    for label, tag in (("run folder:", "memalpha.run_dir"), ("checkpoint:", "memalpha.last_checkpoint"),
+    for label, tag in (("time budget:", TIME_BUDGET_TAG), ("run folder:", "memalpha.run_dir"),
+                       ("checkpoint:", "memalpha.last_checkpoint"),
                        ("best:", "memalpha.best_checkpoint"), ("model:", "memalpha.registered_model")):
         if tag in tags:
             lines.append(f"{label:<12} {tags[tag]}")

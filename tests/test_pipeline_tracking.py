@@ -143,6 +143,9 @@ def test_plots_and_summary(store):
     assert "3 logged (1..3)" in summary
     assert "reward: start 0.1000 (step 1) -> end 0.3000 (step 3)" in summary
     assert "held-out QA: warm start 0.1250 -> final policy 0.2500" in summary
+    assert "time budget" not in summary
+    tracking.set_tags(run_id, {tracking.TIME_BUDGET_TAG: "11 min spent: stopped after step 3 of 5"})
+    assert "time budget: 11 min spent: stopped after step 3 of 5" in summarize(run_id)
 
 
 def test_failure_injection_fires_once(tmp_path, monkeypatch):
