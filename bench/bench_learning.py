@@ -56,6 +56,8 @@ OVERRIDES = [
     "data.max_chunks_per_instance=4", "data.chunk_curriculum=[[0, 2], [15, 4]]",
     # 8 rollouts a step as one group of 8, not two of 4: fewer groups without signal (run S, docs/TRAINING.md)
     "rollout.instances_per_step=1", "rollout.num_generations=8",
+    # the benchmark spends its own hour (BUDGET_S), not make train's 11 minutes
+    "time_budget_minutes=null",
 ]
 READER_NOTE = {"evidence": " (it answers whenever a gold answer occurs in the context: an upper bound for methods that keep raw text)"}
 RULE_WRITER_BUDGETS = (64, 96, 128, 160, 192, 256)
