@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,6 +60,11 @@ SHADOWED_CONFLICT_CREDIT = 0.5
 """Default of `RewardConfig.shadowed_conflict_credit`, shared with the functions that take it."""
 WARM_START_BUDGET_SHARE = 0.5
 """Share of `time_budget_minutes` the warm start may use; the rest holds the warm start's evaluation and GRPO."""
+
+
+def step_would_overrun(deadline: float | None, step_seconds: float) -> bool:
+    """Whether a step of `step_seconds` started now would end past `deadline` (a `time.time()`; None: never)."""
+    return deadline is not None and time.time() + step_seconds > deadline
 
 
 class RewardConfig(_Section):

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from memalpha.config import RunConfig, SFTConfig
+from memalpha.config import RunConfig, SFTConfig, step_would_overrun
 from memalpha.data.schema import Instance
 from memalpha.episode import Episode
 from memalpha.generation import MIN_SHARED_PREFIX, generate, keep_last
@@ -385,8 +385,7 @@ def run_sft(
                 on_log({"step": state.global_step, "max_steps": state.max_steps, **logs})
 
         def on_step_end(self, args, state, control, **kwargs):
-            now = time.time()
-            if deadline is not None and now + (now - self.began) / max(state.global_step, 1) > deadline:
+            if step_would_overrun(deadline, (time.time() - self.began) / max(state.global_step, 1)):
                 control.should_training_stop = True
 
         def on_epoch_end(self, args, state, control, **kwargs):

@@ -30,7 +30,7 @@ import torch
 
 from memalpha.checkpoint import (ADAPTER, BEST, CheckpointState, latest_checkpoint, load_checkpoint, read_best, read_state,
                                  save_best, save_checkpoint)
-from memalpha.config import WARM_START_BUDGET_SHARE, RunConfig, training_fields
+from memalpha.config import WARM_START_BUDGET_SHARE, RunConfig, step_would_overrun, training_fields
 from memalpha.data.schema import Instance
 from memalpha.episode import thin_distractors, truncate_for_training
 from memalpha.errors import UserError
@@ -300,7 +300,8 @@ class Trainer:
             "curriculum/distractors_kept": distractors_kept,
             "data/dropped_instances": float(self.dropped_instances.get("train", 0)),
         })
-        self.out_of_time = self._no_time_for_another_step(metrics["timing/step_s"])
+        step_times = [h["timing/step_s"] for h in self.history if "timing/step_s" in h] + [metrics["timing/step_s"]]
+        self.out_of_time = step_would_overrun(self.config.deadline(self.started), sum(step_times) / len(step_times))
         if self.out_of_time or cfg.is_eval_step(self.step):
             metrics.update(self.validate())
         self.history.append({"step": self.step, **metrics})
@@ -533,13 +534,12 @@ class Trainer:
                 break
         return last
 
-    def _no_time_for_another_step(self, step_s: float) -> bool:
-        """Under `time_budget_minutes`: whether a step of the run's mean step time would end past the deadline."""
-        deadline = self.config.deadline(self.started)
-        if deadline is None:
-            return False
-        times = [h["timing/step_s"] for h in self.history if "timing/step_s" in h] + [step_s]
-        return time.time() + sum(times) / len(times) > deadline
+    @property
+    def budget_stop(self) -> str | None:
+        """Where the time budget stopped the run (`stopped_early`), for logs and the run's tag; else None."""
+        if not self.stopped_early:
+            return None
+        return f"{self.config.time_budget_minutes} min spent: stopped after step {self.step} of {self.config.grpo.steps}"
 
 
 def _sampling_gap(rows: list[Sample], logps: torch.Tensor) -> float:

@@ -274,10 +274,9 @@ def train_block(config: RunConfig, run_dir: str, run_id: str, first: int, last: 
         _maybe_fail(path, result.step)
 
     checkpoint = trainer.train(on_step, until=last) or checkpoint_dir(path, last)
-    if trainer.stopped_early:
-        stopped = f"{config.time_budget_minutes} min spent: stopped after step {trainer.step} of {config.grpo.steps}"
-        logger.info("time budget of %s", stopped)
-        tracking.set_tags(run_id, {tracking.TIME_BUDGET_TAG: stopped})
+    if trainer.budget_stop:
+        logger.info("time budget of %s", trainer.budget_stop)
+        tracking.set_tags(run_id, {tracking.TIME_BUDGET_TAG: trainer.budget_stop})
         last = trainer.step
     published = publish_block(config, path, run_id, first, last, checkpoint)
     logger.info("block %d-%d: checkpoint %s, %d steps published to MLflow", first, last, checkpoint, published)

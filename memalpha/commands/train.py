@@ -58,8 +58,8 @@ def _train(args) -> int:
     if trainer.maybe_resume(checkpoint):
         print(f"resumed at step {trainer.step}")
     last = trainer.train(GRPOProgress(config.grpo.steps, trainer.step, _say))
-    if trainer.stopped_early:
-        print(f"time budget of {config.time_budget_minutes} min spent: stopped after step {trainer.step} of {config.grpo.steps}")
+    if trainer.budget_stop:
+        print(f"time budget of {trainer.budget_stop}")
     print(f"done: {trainer.step} steps in {time.perf_counter() - started:.0f} s; "
           f"last checkpoint {last or 'unchanged'}; metrics in {run_dir / METRICS_FILE}")
     return 0
