@@ -63,10 +63,9 @@ def summarise(rewards_by_group: list[list[Any]]) -> dict[str, Any]:
 
 def scripted(instances, config, counter, writer: Callable[[Any], str]) -> list[list[Any]]:
     from memalpha.episode import Episode, score_episodes
-    from memalpha.memory.schema import get_schema
     from memalpha.models.readers import EvidenceReader
 
-    schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
+    schema = config.memory.schema()
     episodes = []
     for instance in instances:
         episode = Episode(instance, schema, config.memory, config.retrieval, counter)

@@ -45,10 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def _prompts(policy, config, n: int) -> list[list[int]]:
     from memalpha.data.synth import SynthConfig, generate as synth
     from memalpha.episode import Episode
-    from memalpha.memory.schema import get_schema
 
     cfg = SynthConfig(instances=n, chunks_per_instance=(2,), chunk_tokens=512, competencies=("accurate_retrieval",))
-    schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
+    schema = config.memory.schema()
     tok = policy.tokenizer
     texts = [Episode(inst, schema, config.memory, config.retrieval, policy.count_tokens, tok).prompt()
              for inst in synth(cfg, tok)]

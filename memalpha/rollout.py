@@ -20,7 +20,7 @@ from memalpha.config import RunConfig
 from memalpha.data.schema import Instance
 from memalpha.episode import Episode, Step, score_episodes, score_step
 from memalpha.generation import Generation, generate
-from memalpha.memory import MemoryStore, get_schema
+from memalpha.memory import MemoryStore
 from memalpha.parsing import ParseResult
 from memalpha.rewards import RewardBreakdown
 from memalpha.rule_writer import RuleWriter, rule_writer_for
@@ -101,7 +101,7 @@ class RolloutBatch:
 
 def _new_episodes(policy, instances: list[Instance], config: RunConfig, copies: int) -> list[Episode]:
     """`copies` fresh episodes of each instance, rendered with the policy's chat template."""
-    schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
+    schema = config.memory.schema()
     return [Episode(inst, schema, config.memory, config.retrieval, policy.count_tokens, policy.tokenizer,
                     shadowed_conflict_credit=config.reward.shadowed_conflict_credit)
             for inst in instances for _ in range(copies)]

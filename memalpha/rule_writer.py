@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memalpha.episode import Episode, Step
-from memalpha.memory.schema import MemorySchema, get_schema
-from memalpha.memory.store import MemoryStore, normalize_content
-from memalpha.parsing import NOTHING_TO_STORE
+from memalpha.memory.schema import MemorySchema
+from memalpha.memory.store import MemoryStore, contains_words, normalize_content, text_key
+from memalpha.parsing import NOTHING_TO_STORE, ToolCall
 from memalpha.text import MONTHS, WEEKDAYS
 from memalpha.tokens import TokenCounter, regex_token_count
+from memalpha.tools import execute_call
 
 if TYPE_CHECKING:
     from memalpha.config import RunConfig
@@ -219,15 +220,25 @@ class RuleWriter:
                 key = f"new-{order}"
                 targets[key] = (self._section(item), item.content)
                 inserts[key] = (item.score, order, self._section(item))
-        calls = [
-            _call("memory_update", memory_type=targets[key][0], memory_id=key, new_content=content)
-            for key, content in updated.items()
-        ]
+        calls = self._updates(store, updated, {key: targets[key][0] for key in updated}, chunk_text)
         ranked = sorted(inserts.items(), key=lambda kv: (-kv[1][0], kv[1][1]))
         calls += [_call("memory_insert", memory_type=section, content=targets[key][1]) for key, (_, _, section) in ranked]
         core = self._core(store, calls, chunk_text)
         if core is not None:
             calls.append(_call("memory_update", memory_type="core", new_content=core))
+        return calls
+
+    def _updates(self, store: MemoryStore, updated: dict[str, str], sections: dict[str, str], chunk_text: str) -> list[dict]:
+        """memory_update calls writing `updated[id]` over each entry, named as the schema's entry_address says."""
+        if self.schema.entry_address == "id":
+            return [_call("memory_update", memory_type=sections[key], memory_id=key, new_content=content)
+                    for key, content in updated.items()]
+        after, calls = store.copy(), []
+        speakers = {u.speaker.lower() for u in self.utterances(chunk_text) if u.speaker}
+        for key, content in updated.items():
+            fragment = text_address(after, sections[key], key, chunk_text, speakers)
+            calls.append(_call("memory_update", memory_type=sections[key], old_content=fragment, new_content=content))
+            execute_call(after, ToolCall("memory_update", calls[-1]["arguments"]), 0)  # later fragments must be unique after it
         return calls
 
     def _core(self, store: MemoryStore, calls: list[dict], chunk_text: str) -> str | None:
@@ -236,11 +247,7 @@ class RuleWriter:
             return None
         after = store.copy()
         for call in calls:
-            args = call["arguments"]
-            if call["name"] == "memory_insert":
-                after.insert(args["memory_type"], args["content"], 0)
-            else:
-                after.update(args["memory_type"], args["memory_id"], args["new_content"], 0)
+            execute_call(after, ToolCall(call["name"], call["arguments"]), 0)
         speakers = list(dict.fromkeys(u.speaker for u in self.utterances(chunk_text) if u.speaker))
         previous = store.paragraph("core")
         names = _core_names(previous)
@@ -300,7 +307,7 @@ _CORE_NAMES = re.compile(r"^(?:Conversation between (?P<many>.+?)|Notes about (?
 def rule_writer_for(config: RunConfig, count_tokens: TokenCounter, reserve_tokens: int = 0) -> RuleWriter:
     """The rule writer of a run: its memory schema, and the rollout's completion budget less
     `reserve_tokens`."""
-    schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
+    schema = config.memory.schema()
     return RuleWriter(schema, max_completion_tokens=config.rollout.max_completion_length - reserve_tokens,
                       count_tokens=count_tokens)
 
@@ -310,6 +317,35 @@ def _core_names(core: str) -> list[str]:
     if not match:
         return []
     return [n.strip() for n in (match.group("many") or match.group("one")).split(" and ") if n.strip()]
+
+
+def text_address(store: MemoryStore, section: str, entry_id: str, chunk_text: str, speakers: set[str]) -> str:
+    """How a writer that copies from the chunk names entry `entry_id` (entry_address `text`): the shortest
+    run of the entry's words that the chunk also says, holds a content word other than a speaker's name
+    and matches only this entry, which is most often the value that changed ("from 9261 to 2881"); the
+    latest such run on ties; the entry's whole text when no run does."""
+    entry = store.get(section, entry_id)
+    words = entry.content.split()
+    chunk = normalize_content(chunk_text).lower()
+    best: tuple[int, int, str] | None = None  # (length, -start, run): smaller is better
+    for start in range(len(words)):
+        for end in range(start + 1, len(words) + 1):
+            if best and (end - start, -start) >= best[:2]:
+                break
+            run = " ".join(words[start:end]).strip(_RUN_PUNCTUATION)
+            key = text_key(run)
+            if not key or not contains_words(chunk, key):
+                break  # a longer run from this start cannot occur in the chunk either
+            if not _content_words(key, speakers):
+                continue
+            found, _ = store.find_by_text(section, run)
+            if found is not None and found.id == entry_id:
+                best = (end - start, -start, run)
+                break
+    return best[2] if best else entry.content
+
+
+_RUN_PUNCTUATION = ".,;:!?\"'()"
 
 
 def _call(name: str, **arguments: str) -> dict:

@@ -21,11 +21,11 @@ from memalpha.config import RunConfig, SFTConfig, step_would_overrun
 from memalpha.data.schema import Instance
 from memalpha.episode import Episode
 from memalpha.generation import MIN_SHARED_PREFIX, generate, keep_last
-from memalpha.memory.schema import get_schema
 from memalpha.parsing import NOTHING_TO_STORE, parse_tool_calls
 from memalpha.rewards import is_entry_update, keeps_subject
 from memalpha.rule_writer import rule_writer_for, run_rule_writer
 from memalpha.tokens import tokenizer_counter
+from memalpha.tools import ADDRESS_ARGUMENT
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Demonstration:
     @property
     def updates_entry(self) -> bool:
         """The completion rewrites a stored list entry (what a conflicting chunk needs)."""
-        return any(call.name == "memory_update" and call.arguments.get("memory_id")
+        return any(call.name == "memory_update" and any(call.arguments.get(a) for a in ADDRESS_ARGUMENT.values())
                    for call in parse_tool_calls(self.completion).calls)
 
 
@@ -93,7 +93,7 @@ def build_demonstrations(
     update_share = config.sft.update_share if update_share is None else update_share
     stats = stats if stats is not None else DemoStats()
     counter = tokenizer_counter(tokenizer)
-    schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
+    schema = config.memory.schema()
     writer = rule_writer_for(config, counter)
     max_length = demonstration_max_length(config)
     store_demos: list[Demonstration] = []
@@ -142,7 +142,7 @@ def extraction_probes(instances: list[Instance], config: RunConfig, tokenizer, c
     """Up to `count` held-out chunks (evidence and no-evidence chunks in the data's proportion, spread over
     the instances), each with the memory the rule writer built before it."""
     counter = tokenizer_counter(tokenizer)
-    schema = get_schema(config.memory.schema_name, config.memory.core_max_tokens)
+    schema = config.memory.schema()
     writer = rule_writer_for(config, counter)
     probes: list[Probe] = []
     for instance in instances:

@@ -1,6 +1,7 @@
 """The writer's three memory tools: definitions (OpenAI tool format), calls, results and execution.
 
-Only `memory_insert`, `memory_update` and `memory_delete` are ever executed. Arguments are checked
+Only `memory_insert`, `memory_update` and `memory_delete` are ever executed. An update or delete names its
+list entry by `memory_id` or by `old_content`, as the memory schema's `entry_address` says. Arguments are checked
 strictly against the definitions (no aliases): a missing, unexpected or mistyped argument is a failed
 call (BAD_ARGUMENTS) whose message names the argument. Every failure leaves the memory unchanged.
 """
@@ -15,6 +16,7 @@ from memalpha.memory.store import FailureReason, MemoryStore, OpResult
 from memalpha.parsing import ParseResult, ToolCall, parse_tool_calls
 
 __all__ = [
+    "ADDRESS_ARGUMENT",
     "TOOL_NAMES",
     "TOOL_SCHEMAS",
     "FailureReason",
@@ -28,12 +30,19 @@ __all__ = [
 
 TOOL_NAMES = ("memory_insert", "memory_update", "memory_delete")
 
-# tool -> (allowed arguments, arguments that must be present and non-null)
-_ARGUMENTS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
-    "memory_insert": (frozenset({"memory_type", "content"}), ("memory_type", "content")),
-    "memory_update": (frozenset({"memory_type", "memory_id", "new_content"}), ("memory_type", "new_content")),
-    "memory_delete": (frozenset({"memory_type", "memory_id"}), ("memory_type", "memory_id")),
-}
+ADDRESS_ARGUMENT = {"id": "memory_id", "text": "old_content"}
+"""The argument naming the list entry to update or delete, by `MemorySchema.entry_address`."""
+
+
+def _arguments(name: str, address: str) -> tuple[frozenset[str], tuple[str, ...]] | None:
+    """(allowed arguments, arguments that must be present and non-null) of a tool, or None if unknown."""
+    if name == "memory_insert":
+        return frozenset({"memory_type", "content"}), ("memory_type", "content")
+    if name == "memory_update":
+        return frozenset({"memory_type", address, "new_content"}), ("memory_type", "new_content")
+    if name == "memory_delete":
+        return frozenset({"memory_type", address}), ("memory_type", address)
+    return None
 
 
 @dataclass
@@ -104,7 +113,7 @@ def tool_schemas(schema: MemorySchema = MEMALPHA_SCHEMA) -> list[dict[str, Any]]
     list_names = [s.name for s in schema.list_sections]
     paragraph_names = [s.name for s in schema.paragraph_sections]
     example_id = f"{schema.list_sections[0].prefix}-3" if schema.list_sections else "id-3"
-    rewrite_note = f" ({', '.join(paragraph_names)} is rewritten as a whole; no memory_id)" if paragraph_names else ""
+    rewrite_note = f" ({', '.join(paragraph_names)} is rewritten as a whole; no {ADDRESS_ARGUMENT[schema.entry_address]})" if paragraph_names else ""
 
     def function(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
         return {
@@ -118,7 +127,11 @@ def tool_schemas(schema: MemorySchema = MEMALPHA_SCHEMA) -> list[dict[str, Any]]
 
     list_type = {"type": "string", "enum": list_names, "description": _describe_sections(schema, lists_only=True)}
     any_type = {"type": "string", "enum": list(schema.names), "description": _describe_sections(schema, lists_only=False)}
-    memory_id = {"type": "string", "description": f"Id of an existing entry, as shown in the memory (e.g. '{example_id}')."}
+    address = ADDRESS_ARGUMENT[schema.entry_address]
+    if schema.entry_address == "id":
+        target = {"type": "string", "description": f"Id of an existing entry, as shown in the memory (e.g. '{example_id}')."}
+    else:
+        target = {"type": "string", "description": "Words of an existing entry that no other entry of the list contains (or its whole text)."}
     return [
         function(
             "memory_insert",
@@ -128,19 +141,19 @@ def tool_schemas(schema: MemorySchema = MEMALPHA_SCHEMA) -> list[dict[str, Any]]
         ),
         function(
             "memory_update",
-            "Replace the content of an existing list entry, given its memory_id, or rewrite a paragraph memory" + rewrite_note + ".",
+            f"Replace the content of an existing list entry, given its {address}, or rewrite a paragraph memory" + rewrite_note + ".",
             {
                 "memory_type": any_type,
-                "memory_id": memory_id,
+                address: target,
                 "new_content": {"type": "string", "description": "The complete new text."},
             },
             ["memory_type", "new_content"],
         ),
         function(
             "memory_delete",
-            "Delete an outdated or wrong entry from a list memory, given its memory_id.",
-            {"memory_type": list_type, "memory_id": memory_id},
-            ["memory_type", "memory_id"],
+            f"Delete an outdated or wrong entry from a list memory, given its {address}.",
+            {"memory_type": list_type, address: target},
+            ["memory_type", address],
         ),
     ]
 
@@ -155,7 +168,8 @@ def _failure(call: ToolCall | None, reason: FailureReason, message: str, memory_
 
 def execute_call(store: MemoryStore, call: ToolCall, chunk: int) -> ToolResult:
     """Validate one call against the tool definitions and apply it to `store`."""
-    spec = _ARGUMENTS.get(call.name)
+    address = ADDRESS_ARGUMENT[store.schema.entry_address]
+    spec = _arguments(call.name, address)
     if spec is None:
         return _failure(call, FailureReason.UNKNOWN_TOOL, f"unknown tool {call.name!r} (tools: {', '.join(TOOL_NAMES)})")
     args = call.arguments
@@ -179,12 +193,17 @@ def execute_call(store: MemoryStore, call: ToolCall, chunk: int) -> ToolResult:
 
     section = store.spec(memory_type)
     is_list = section is not None and section.is_list
-    memory_id = args.get("memory_id")
+    memory_id = args.get(address)
     if call.name != "memory_insert" and is_list:
         if memory_id is None:
-            return _failure(call, FailureReason.BAD_ARGUMENTS, f"missing argument 'memory_id' for {call.name} on {memory_type}", memory_type)
+            return _failure(call, FailureReason.BAD_ARGUMENTS, f"missing argument {address!r} for {call.name} on {memory_type}", memory_type)
         if not isinstance(memory_id, str):
-            return _failure(call, FailureReason.BAD_ARGUMENTS, f"argument 'memory_id' must be a string id, not {memory_id!r}", memory_type)
+            return _failure(call, FailureReason.BAD_ARGUMENTS, f"argument {address!r} must be a string, not {memory_id!r}", memory_type)
+        if address == "old_content":
+            entry, error = store.find_by_text(memory_type, memory_id)
+            if error:
+                return ToolResult(call, error, memory_type)
+            memory_id = entry.id  # the store edits by id; the text only found it
 
     if call.name == "memory_insert":
         op = store.insert(memory_type, args["content"], chunk)

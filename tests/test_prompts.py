@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memalpha.memory.schema import MEMALPHA_SCHEMA, PERSONA_SCHEMA
+from memalpha.memory.schema import MEMALPHA_SCHEMA, PERSONA_SCHEMA, get_schema
 from memalpha.memory.store import MemoryStore
 from memalpha.memory.views import writer_view
 from memalpha.models.loading import build_tiny
@@ -27,15 +27,17 @@ def tokenizer():
     return build_tiny()[1]
 
 
-def test_system_prompt_examples_parse_and_use_only_placeholders():
-    prompt = writer_system_prompt(MEMALPHA_SCHEMA)
+@pytest.mark.parametrize("address, argument", [("id", "memory_id"), ("text", "old_content")])
+def test_system_prompt_examples_parse_and_use_only_placeholders(address, argument):
+    prompt = writer_system_prompt(get_schema("memalpha", entry_address=address))
     example_lines = [line for line in prompt.splitlines() if line.startswith("{")]
     parsed = parse_tool_calls("\n".join(example_lines))
     assert [c.name for c in parsed.calls] == ["memory_insert", "memory_update", "memory_delete"]
     # the tool argument names are the executed ones
-    assert set(parsed.calls[1].arguments) == {"memory_type", "memory_id", "new_content"}
+    assert set(parsed.calls[1].arguments) == {"memory_type", argument, "new_content"}
+    assert set(parsed.calls[2].arguments) == {"memory_type", argument}
     # abstract placeholders only: copying them into memory fails the store's checks or the judge's
-    contents = [v for c in parsed.calls for k, v in c.arguments.items() if k in ("content", "new_content", "memory_id")]
+    contents = [v for c in parsed.calls for k, v in c.arguments.items() if k in ("content", "new_content", argument)]
     assert all(v.startswith("<") and v.endswith(">") for v in contents)
     assert "NOTHING_TO_STORE" in prompt
     for section in MEMALPHA_SCHEMA.names:

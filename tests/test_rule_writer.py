@@ -9,7 +9,7 @@ import pytest
 from memalpha.config import RunConfig
 from memalpha.data.synth import SynthConfig, generate
 from memalpha.episode import Episode
-from memalpha.memory.schema import MEMALPHA_SCHEMA, PERSONA_SCHEMA
+from memalpha.memory.schema import MEMALPHA_SCHEMA, PERSONA_SCHEMA, get_schema
 from memalpha.memory.store import MemoryStore
 from memalpha.memory.views import reader_view, view_ids
 from memalpha.metrics import score_answer
@@ -108,6 +108,34 @@ def test_changed_fact_updates_the_visible_entry():
     run(writer, store2, HEADER + "Nadia: I live in Tacoma these days.")
     text = writer.write(HEADER + "Nadia: Big news: we moved from Tacoma to Graz!", store2, visible_ids=set())
     assert all(json.loads(line)["name"] != "memory_update" or json.loads(line)["arguments"]["memory_type"] == "core" for line in text.splitlines())
+
+
+def test_text_addressed_updates_quote_the_changed_value_and_change_the_same_entries_as_ids():
+    schema = get_schema("memalpha", entry_address="text")
+    store = MemoryStore(schema)
+    writer = RuleWriter(schema)
+    run(writer, store, HEADER + "Nadia: I live in Tacoma these days.\nNadia: I work as a pastry chef.")
+    text, _, results = run(writer, store, HEADER + "Nadia: Big news: we moved from Tacoma to Graz!\nNadia: Career change! No longer a pastry chef, I work as a florist.", 1)
+    updates = [json.loads(line)["arguments"] for line in text.splitlines() if json.loads(line)["arguments"]["memory_type"] == "semantic"]
+    assert [u["old_content"] for u in updates] == ["Tacoma", "chef"]  # the shortest words only that entry holds, as the chunk says them
+    assert all(r.ok for r in results) and [e.id for e in store.entries("semantic")] == ["sem-1", "sem-2"]
+    assert "Graz" in store.entries("semantic")[0].content and "florist" in store.entries("semantic")[1].content
+
+
+def test_on_synthetic_data_text_and_id_addressing_make_the_same_updates():
+    instances = generate(SynthConfig(instances=12, chunks_per_instance=(4,), chunk_tokens=512,
+                                     competencies=("conflict_resolution",), seed=3))
+    updated = {}
+    for address in ("id", "text"):
+        schema = get_schema("memalpha", entry_address=address)
+        writer, updated[address] = RuleWriter(schema, max_completion_tokens=10_000), []
+        for instance in instances:
+            store = MemoryStore(schema)
+            for t, chunk in enumerate(instance.chunks):
+                results = run(writer, store, chunk, t)[2]
+                assert all(r.ok for r in results if r.name == "memory_update")
+                updated[address] += [(r.entry_id, r.content) for r in results if r.name == "memory_update" and r.entry_id]
+    assert len(updated["id"]) >= 12 and updated["text"] == updated["id"]
 
 
 def test_two_changes_in_one_chunk_keep_only_the_latest():

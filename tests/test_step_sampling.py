@@ -109,7 +109,6 @@ def test_a_sample_advance_never_moves_to_the_guided_candidate():
 
 
 def test_rule_guidance_puts_the_rule_writers_completion_in_every_group(tmp_path, random_adapter):  # noqa: F811
-    from memalpha.memory import get_schema
     from memalpha.rule_writer import RuleWriter
 
     config = tiny_config(tmp_path, "data.max_chunks_per_instance=0", "grpo.sampling=step", "grpo.rule_guidance=true",
@@ -119,7 +118,7 @@ def test_rule_guidance_puts_the_rule_writers_completion_in_every_group(tmp_path,
     batch = collect_step_rollouts(policy, instances, config, num_generations=G,
                                   generator=torch.Generator().manual_seed(0), reader=make_reader(config.model))
     assert len(batch.samples) == G * (3 + 2)
-    writer = RuleWriter(get_schema(config.memory.schema_name, config.memory.core_max_tokens))
+    writer = RuleWriter(config.memory.schema())
     eos = policy.tokenizer.eos_token_id
     for start in range(0, len(batch.samples), G):
         group = batch.samples[start : start + G]

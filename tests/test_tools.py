@@ -120,7 +120,7 @@ def test_non_dict_arguments_are_bad_arguments(store):
 
 def test_failure_reason_values():
     assert {r.value for r in FailureReason} == {
-        "unparseable", "unknown_tool", "bad_arguments", "unknown_id", "duplicate", "empty_content", "wrong_memory_type",
+        "unparseable", "unknown_tool", "bad_arguments", "unknown_id", "ambiguous", "duplicate", "empty_content", "wrong_memory_type",
     }
 
 
@@ -166,3 +166,47 @@ def test_broken_fragment_counts_as_a_failure_beside_good_calls(store):
 def test_repaired_json_executes(store):
     _, results = execute_text(store, "{'name': 'memory_insert', 'arguments': {'memory_type': 'semantic', 'content': 'tea',}}", 0)
     assert [r.ok for r in results] == [True] and store.get("semantic", "sem-1").content == "tea"
+
+
+# ---- entries named by their text (entry_address "text") ------------------------------------------
+
+
+def test_text_addressed_update_and_delete_name_the_entry_by_its_words():
+    store = MemoryStore(get_schema("memalpha", entry_address="text"))
+    inserted, _, updated, deleted = run(
+        store,
+        call("memory_insert", memory_type="semantic", content="Ulla works as a pastry chef."),
+        call("memory_insert", memory_type="semantic", content="Ulla lives in Turku."),
+        call("memory_update", memory_type="semantic", old_content="pastry chef", new_content="Ulla works as a florist."),
+        call("memory_delete", memory_type="semantic", old_content="Turku"),
+    )
+    assert updated.ok and updated.entry_id == inserted.entry_id and updated.previous_content == "Ulla works as a pastry chef."
+    assert deleted.ok and deleted.previous_content == "Ulla lives in Turku."
+    assert [e.content for e in store.entries("semantic")] == ["Ulla works as a florist."]
+
+
+def test_text_addressing_rejects_ids_and_unmatched_words_and_leaves_the_memory_unchanged():
+    store = MemoryStore(get_schema("memalpha", entry_address="text"))
+    run(store, call("memory_insert", memory_type="semantic", content="Ulla lives in Turku."),
+        call("memory_insert", memory_type="semantic", content="Gwen lives in Porto."))
+    before = store.to_json()
+    by_id, unmatched, ambiguous, missing = run(
+        store,
+        call("memory_update", memory_type="semantic", memory_id="sem-1", new_content="Ulla lives in Oslo."),
+        call("memory_update", memory_type="semantic", old_content="Oslo", new_content="Ulla lives in Oslo."),
+        call("memory_delete", memory_type="semantic", old_content="lives in"),
+        call("memory_delete", memory_type="semantic"),
+    )
+    assert by_id.reason == FailureReason.BAD_ARGUMENTS and "'memory_id'" in by_id.message and "old_content" in by_id.message
+    assert unmatched.reason == FailureReason.UNKNOWN_ID and ambiguous.reason == FailureReason.AMBIGUOUS
+    assert missing.reason == FailureReason.BAD_ARGUMENTS and "'old_content'" in missing.message
+    assert store.to_json() == before
+    core = run(store, call("memory_update", memory_type="core", new_content="Ulla and Gwen talk."))[0]
+    assert core.ok  # a paragraph is rewritten whole, without old_content
+
+
+def test_text_addressed_tool_schemas_ask_for_old_content():
+    by_name = {t["function"]["name"]: t["function"] for t in tool_schemas(get_schema("memalpha", entry_address="text"))}
+    update = by_name["memory_update"]["parameters"]
+    assert "old_content" in update["properties"] and "memory_id" not in update["properties"]
+    assert by_name["memory_delete"]["parameters"]["required"] == ["memory_type", "old_content"]

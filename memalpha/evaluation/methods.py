@@ -32,7 +32,7 @@ from memalpha.config import EVAL_METHODS, RunConfig
 from memalpha.data.schema import Instance
 from memalpha.episode import Episode, answers_lost, whole_memory_text
 from memalpha.errors import UserError
-from memalpha.memory import MemoryStore, get_schema, reader_view, truncate_to_tokens
+from memalpha.memory import MemoryStore, reader_view, truncate_to_tokens
 from memalpha.models.policy import ADAPTER_CONFIG
 from memalpha.retrieval import ChunkIndex, MemoryIndex
 from memalpha.rewards import memory_support
@@ -79,7 +79,7 @@ class EvalEnv:
 
     @cached_property
     def schema(self):
-        return get_schema(self.config.memory.schema_name, self.config.memory.core_max_tokens)
+        return self.config.memory.schema()
 
     @property
     def budget(self) -> int:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 SectionKind = Literal["paragraph", "list"]
+EntryAddress = Literal["id", "text"]
+ENTRY_ADDRESSES: tuple[EntryAddress, ...] = ("id", "text")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -59,12 +61,20 @@ class SectionSpec:
 
 @dataclass(frozen=True)
 class MemorySchema:
-    """An ordered set of sections with unique names and unique id prefixes."""
+    """An ordered set of sections with unique names and unique id prefixes.
+
+    `entry_address` is how a writer names the list entry it updates or deletes: `id` (the paper's
+    `memory_id`, e.g. `sem-3`) or `text` (`old_content`: words of the entry, matched as in
+    `MemoryStore.find_by_text`), which a small writer can copy from the chunk instead of looking up an id.
+    """
 
     name: str
     sections: tuple[SectionSpec, ...]
+    entry_address: EntryAddress = "id"
 
     def __post_init__(self) -> None:
+        if self.entry_address not in ENTRY_ADDRESSES:
+            raise ValueError(f"memory schema {self.name!r}: entry_address must be one of {ENTRY_ADDRESSES}, not {self.entry_address!r}")
         if not self.sections:
             raise ValueError(f"memory schema {self.name!r} has no sections")
         names = [s.name for s in self.sections]
@@ -94,7 +104,7 @@ class MemorySchema:
         return tuple(s for s in self.sections if not s.is_list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "sections": [s.to_dict() for s in self.sections]}
+        return {"name": self.name, "sections": [s.to_dict() for s in self.sections], "entry_address": self.entry_address}
 
     @classmethod
     def from_dict(cls, data: Any) -> MemorySchema:
@@ -120,7 +130,7 @@ class MemorySchema:
                 )
             except (KeyError, TypeError) as exc:
                 raise ValueError(f"schema.sections[{i}]: missing or invalid field {exc}") from None
-        return cls(name=data["name"], sections=tuple(sections))
+        return cls(name=data["name"], sections=tuple(sections), entry_address=data.get("entry_address", "id"))
 
 
 _CORE = SectionSpec(
@@ -170,15 +180,13 @@ PERSONA_SCHEMA = MemorySchema(
 _SCHEMAS = {s.name: s for s in (MEMALPHA_SCHEMA, PERSONA_SCHEMA)}
 
 
-def get_schema(name: str, core_max_tokens: int = 512) -> MemorySchema:
-    """The named layout (`memalpha` or `persona`) with the core paragraph capped at `core_max_tokens`.
-
-    Called with `MemoryConfig.schema_name` and `MemoryConfig.core_max_tokens`.
-    """
+def get_schema(name: str, core_max_tokens: int = 512, entry_address: EntryAddress = "id") -> MemorySchema:
+    """The named layout (`memalpha` or `persona`) with the core paragraph capped at `core_max_tokens`
+    and entries addressed by `entry_address` (`MemoryConfig.schema()` passes the run's settings)."""
     if name not in _SCHEMAS:
         raise ValueError(f"unknown memory schema {name!r} (known: {', '.join(_SCHEMAS)})")
     if core_max_tokens < 1:
         raise ValueError(f"core_max_tokens must be positive, not {core_max_tokens}")
     base = _SCHEMAS[name]
     sections = tuple(replace(s, max_tokens=core_max_tokens) if s.name == "core" else s for s in base.sections)
-    return MemorySchema(base.name, sections)
+    return MemorySchema(base.name, sections, entry_address)

@@ -33,6 +33,7 @@ class FailureReason(StrEnum):
     UNKNOWN_TOOL = "unknown_tool"
     BAD_ARGUMENTS = "bad_arguments"
     UNKNOWN_ID = "unknown_id"
+    AMBIGUOUS = "ambiguous"
     DUPLICATE = "duplicate"
     EMPTY_CONTENT = "empty_content"
     WRONG_MEMORY_TYPE = "wrong_memory_type"
@@ -71,6 +72,19 @@ def _fail(reason: FailureReason, message: str, entry_id: str | None = None) -> O
 def normalize_content(text: str) -> str:
     """Whitespace-normalised content, the key for duplicate detection."""
     return " ".join(text.split())
+
+
+_EDGE_PUNCTUATION = " \t\n.,;:!?\"'()"
+
+
+def text_key(text: str) -> str:
+    """What `find_by_text` compares: lower case, normalised whitespace, no punctuation at the ends."""
+    return normalize_content(text).lower().strip(_EDGE_PUNCTUATION)
+
+
+def contains_words(content: str, fragment_key: str) -> bool:
+    """`fragment_key` (a `text_key`) occurs in `content` as whole words."""
+    return re.search(rf"(?<!\w){re.escape(fragment_key)}(?!\w)", normalize_content(content).lower()) is not None
 
 
 def truncate_to_tokens(text: str, max_tokens: int, count: TokenCounter) -> tuple[str, bool]:
@@ -247,6 +261,25 @@ class MemoryStore:
         elsewhere = self._section_of.get(key)
         where = f" (it is in {elsewhere})" if elsewhere else ""
         return None, _fail(FailureReason.UNKNOWN_ID, f"no entry {key!r} in {section}{where}", key)
+
+    def find_by_text(self, section: str, fragment: Any) -> tuple[Entry | None, OpResult | None]:
+        """The entry of a list section that `fragment` names: the one whose whole content it is, else the
+        only one containing it as whole words (case and end punctuation ignored). Zero or several
+        matches are a failed result naming the fragment, as `str_replace` editors fail."""
+        if self.spec(section) is None or not self._specs[section].is_list:
+            return None, self._unknown_section(section)
+        if not isinstance(fragment, str) or not text_key(fragment):
+            return None, _fail(FailureReason.BAD_ARGUMENTS, f"old_content must be words of an entry of {section}, not {fragment!r}")
+        key = text_key(fragment)
+        entries = self._entries[section].values()
+        whole = [e for e in entries if text_key(e.content) == key]
+        matches = whole or [e for e in entries if contains_words(e.content, key)]
+        if len(matches) == 1:
+            return matches[0], None
+        if not matches:
+            return None, _fail(FailureReason.UNKNOWN_ID, f"no entry of {section} contains {fragment!r}")
+        ids = ", ".join(e.id for e in matches)
+        return None, _fail(FailureReason.AMBIGUOUS, f"{fragment!r} matches {len(matches)} entries of {section} ({ids}): quote more of the one to change")
 
     def update(self, section: str, entry_id: str | None, content: str, chunk: int) -> OpResult:
         """Replace an entry's content (list) or rewrite a paragraph (entry_id is ignored there)."""
