@@ -119,25 +119,25 @@ def test_a_time_budget_ends_training_at_the_last_step_that_fits_and_evaluates_it
     data, run, _, _ = finished
     clock = [1000.0]
     monkeypatch.setattr("memalpha.trainer.time.time", lambda: clock[0])
-    # 30 s of budget; each step advances the clock 10 s and takes well under that: after step 3 (at 1030 s)
-    # another step would end past the deadline
-    trainer = Trainer(_config(data, "grpo.steps=5", "grpo.eval_every=5", "time_budget_minutes=0.5"),
+    # 300 s of budget; each step advances the clock 100 s and really takes far less, even on a loaded
+    # machine: after step 3 (at 1300 s) another step would end past the deadline
+    trainer = Trainer(_config(data, "grpo.steps=5", "grpo.eval_every=5", "time_budget_minutes=5"),
                       _run_dir(tmp_path, run / SFT_DIR))
     step = trainer.train_step
 
-    def ten_second_step():
-        clock[0] += 10.0
+    def hundred_second_step():
+        clock[0] += 100.0
         return step()
 
-    trainer.train_step = ten_second_step
+    trainer.train_step = hundred_second_step
     results = []
     last = trainer.train(results.append)
     assert [r.step for r in results] == [1, 2, 3] and trainer.stopped_early
     assert last.name == "step-000003" and last.is_dir()
     assert "eval/qa_score" in results[2].metrics and "eval/qa_score" not in results[1].metrics
     # started past the deadline: one step, evaluated, then stop
-    late = Trainer(_config(data, "grpo.steps=5", "time_budget_minutes=0.5"), _run_dir(tmp_path, run / SFT_DIR, "late"),
-                   started=clock[0] - 60)
+    late = Trainer(_config(data, "grpo.steps=5", "time_budget_minutes=5"), _run_dir(tmp_path, run / SFT_DIR, "late"),
+                   started=clock[0] - 600)
     results = []
     late.train(results.append)
     assert [r.step for r in results] == [1] and late.stopped_early and "eval/qa_score" in results[0].metrics

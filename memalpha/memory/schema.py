@@ -104,7 +104,10 @@ class MemorySchema:
         return tuple(s for s in self.sections if not s.is_list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "sections": [s.to_dict() for s in self.sections], "entry_address": self.entry_address}
+        data: dict[str, Any] = {"name": self.name, "sections": [s.to_dict() for s in self.sections]}
+        if self.entry_address != "id":  # the paper's ids are the default, and stores written before this field
+            data["entry_address"] = self.entry_address
+        return data
 
     @classmethod
     def from_dict(cls, data: Any) -> MemorySchema:
