@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from memalpha.episode import Episode, Step
 from memalpha.memory.schema import MemorySchema
-from memalpha.memory.store import MemoryStore, contains_words, normalize_content, text_key
+from memalpha.memory.store import EDGE_PUNCTUATION, MemoryStore, contains_words, normalize_content, text_key
 from memalpha.parsing import NOTHING_TO_STORE, ToolCall
 from memalpha.text import MONTHS, WEEKDAYS
 from memalpha.tokens import TokenCounter, regex_token_count
@@ -332,7 +332,7 @@ def text_address(store: MemoryStore, section: str, entry_id: str, chunk_text: st
         for end in range(start + 1, len(words) + 1):
             if best and (end - start, -start) >= best[:2]:
                 break
-            run = " ".join(words[start:end]).strip(_RUN_PUNCTUATION)
+            run = " ".join(words[start:end]).strip(EDGE_PUNCTUATION)
             key = text_key(run)
             if not key or not contains_words(chunk, key):
                 break  # a longer run from this start cannot occur in the chunk either
@@ -343,9 +343,6 @@ def text_address(store: MemoryStore, section: str, entry_id: str, chunk_text: st
                 best = (end - start, -start, run)
                 break
     return best[2] if best else entry.content
-
-
-_RUN_PUNCTUATION = ".,;:!?\"'()"
 
 
 def _call(name: str, **arguments: str) -> dict:

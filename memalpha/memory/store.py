@@ -74,12 +74,13 @@ def normalize_content(text: str) -> str:
     return " ".join(text.split())
 
 
-_EDGE_PUNCTUATION = " \t\n.,;:!?\"'()"
+EDGE_PUNCTUATION = " \t\n.,;:!?\"'()"
+"""What `text_key` strips from the ends of a fragment."""
 
 
 def text_key(text: str) -> str:
     """What `find_by_text` compares: lower case, normalised whitespace, no punctuation at the ends."""
-    return normalize_content(text).lower().strip(_EDGE_PUNCTUATION)
+    return normalize_content(text).lower().strip(EDGE_PUNCTUATION)
 
 
 def contains_words(content: str, fragment_key: str) -> bool:
