@@ -199,11 +199,11 @@ def execute_call(store: MemoryStore, call: ToolCall, chunk: int) -> ToolResult:
             return _failure(call, FailureReason.BAD_ARGUMENTS, f"missing argument {address!r} for {call.name} on {memory_type}", memory_type)
         if not isinstance(memory_id, str):
             return _failure(call, FailureReason.BAD_ARGUMENTS, f"argument {address!r} must be a string, not {memory_id!r}", memory_type)
-        if address == "old_content":
+        if address == "old_content":  # the store edits by id; the words only find the entry
             entry, error = store.find_by_text(memory_type, memory_id)
             if error:
                 return ToolResult(call, error, memory_type)
-            memory_id = entry.id  # the store edits by id; the text only found it
+            memory_id = entry.id
 
     if call.name == "memory_insert":
         op = store.insert(memory_type, args["content"], chunk)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 SectionKind = Literal["paragraph", "list"]
 EntryAddress = Literal["id", "text"]
-ENTRY_ADDRESSES: tuple[EntryAddress, ...] = ("id", "text")
+ENTRY_ADDRESSES: tuple[EntryAddress, ...] = get_args(EntryAddress)
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 

@@ -267,11 +267,14 @@ class MemoryStore:
         """The entry of a list section that `fragment` names: the one whose whole content it is, else the
         only one containing it as whole words (case and end punctuation ignored). Zero or several
         matches are a failed result naming the fragment, as `str_replace` editors fail."""
-        if self.spec(section) is None or not self._specs[section].is_list:
+        spec = self.spec(section)
+        if spec is None:
             return None, self._unknown_section(section)
-        if not isinstance(fragment, str) or not text_key(fragment):
+        if not spec.is_list:
+            return None, _fail(FailureReason.WRONG_MEMORY_TYPE, f"{section} is a paragraph: it has no entries to name")
+        key = text_key(fragment) if isinstance(fragment, str) else ""
+        if not key:
             return None, _fail(FailureReason.BAD_ARGUMENTS, f"old_content must be words of an entry of {section}, not {fragment!r}")
-        key = text_key(fragment)
         entries = self._entries[section].values()
         whole = [e for e in entries if text_key(e.content) == key]
         matches = whole or [e for e in entries if contains_words(e.content, key)]
