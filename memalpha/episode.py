@@ -176,7 +176,7 @@ class Episode:
 
     def visible_ids(self) -> set[str]:
         """Entry ids the writer can see now, so the only ones it can update or delete knowingly."""
-        return view_ids(self.view())
+        return view_ids(self.view(), self.store)
 
     def prompt(self) -> str:
         """The writer prompt for the current chunk."""

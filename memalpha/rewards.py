@@ -125,8 +125,10 @@ def _subject_words(text: str) -> set[str]:
 
 
 def is_entry_update(result: ToolResult) -> bool:
-    """An executed update of a list entry (a paragraph has no entry id: it is rewritten whole)."""
-    return result.ok and result.name == "memory_update" and result.entry_id is not None
+    """An executed update of a list entry (a paragraph has no entry id: it is rewritten whole; a missed
+    text-addressed update that was inserted replaced nothing)."""
+    return (result.ok and result.name == "memory_update" and result.entry_id is not None
+            and result.previous_content is not None)
 
 
 def keeps_subject(previous: str, new: str) -> bool:
@@ -199,10 +201,11 @@ def _is_duplicate(result: ToolResult, context: JudgeContext) -> bool:
     """Near-duplicate of an entry that existed before this write (later entries are not held against it)."""
     mine = _words(result.content or "")
     own = _id_number(result.entry_id)
+    new_entry = result.previous_content is None  # an insert, or a missed update inserted
     for other in context.others:
         if other.id == result.entry_id:
             continue
-        earlier = _id_number(other.id) < own if result.name == "memory_insert" else other.created_chunk <= context.chunk
+        earlier = _id_number(other.id) < own if new_entry else other.created_chunk <= context.chunk
         if earlier and _jaccard(mine, _words(other.content)) >= NEAR_DUPLICATE:
             return True
     return False

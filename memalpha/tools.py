@@ -1,14 +1,15 @@
 """The writer's three memory tools: definitions (OpenAI tool format), calls, results and execution.
 
 Only `memory_insert`, `memory_update` and `memory_delete` are ever executed. An update or delete names its
-list entry by `memory_id` or by `old_content`, as the memory schema's `entry_address` says. Arguments are checked
+list entry by `memory_id` or by `old_content`, as the memory schema's `entry_address` says; an update whose
+`old_content` names no single entry adds its new content instead (Mem0's ADD). Arguments are checked
 strictly against the definitions (no aliases): a missing, unexpected or mistyped argument is a failed
 call (BAD_ARGUMENTS) whose message names the argument. Every failure leaves the memory unchanged.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from memalpha.memory.schema import MEMALPHA_SCHEMA, MemorySchema
@@ -166,6 +167,17 @@ def _failure(call: ToolCall | None, reason: FailureReason, message: str, memory_
     return ToolResult(call, OpResult(False, reason, message), memory_type)
 
 
+MISSED_UPDATE_REASONS = (FailureReason.UNKNOWN_ID, FailureReason.AMBIGUOUS)
+"""Why a text-addressed update finds no single entry; its new content is then inserted."""
+
+
+def _insert_missed_update(store: MemoryStore, memory_type: str, content: str, chunk: int, miss: OpResult) -> OpResult:
+    """Mem0's ADD for an update whose words name no single entry: the writer meant to store the new
+    value, so it is kept as a new entry (the result has no `previous_content`, as an insert)."""
+    op = store.insert(memory_type, content, chunk)
+    return replace(op, message=f"{miss.message}; {op.message}") if op.ok else op
+
+
 def execute_call(store: MemoryStore, call: ToolCall, chunk: int) -> ToolResult:
     """Validate one call against the tool definitions and apply it to `store`."""
     address = ADDRESS_ARGUMENT[store.schema.entry_address]
@@ -201,6 +213,8 @@ def execute_call(store: MemoryStore, call: ToolCall, chunk: int) -> ToolResult:
             return _failure(call, FailureReason.BAD_ARGUMENTS, f"argument {address!r} must be a string, not {memory_id!r}", memory_type)
         if address == "old_content":  # the store edits by id; the words only find the entry
             entry, error = store.find_by_text(memory_type, memory_id)
+            if error and call.name == "memory_update" and error.reason in MISSED_UPDATE_REASONS:
+                return ToolResult(call, _insert_missed_update(store, memory_type, args["new_content"], chunk, error), memory_type)
             if error:
                 return ToolResult(call, error, memory_type)
             memory_id = entry.id

@@ -183,7 +183,8 @@ def test_persona_schema_writes_to_its_lists():
 
 
 def test_visible_ids_read_from_a_rendered_view():
-    assert view_ids("[semantic]\n- sem-3: a\n- sem-10: b\n[episodic]\n- epi-4: c\nnot - x-1: y") == {"sem-3", "sem-10", "epi-4"}
+    view = "[semantic]\n- sem-3: a\n- sem-10: b\n[episodic]\n- epi-4: c\nnot - x-1: y"
+    assert view_ids(view, MemoryStore(MEMALPHA_SCHEMA)) == {"sem-3", "sem-10", "epi-4"}
 
 
 def test_on_synthetic_data_high_evidence_recall_and_valid_calls():

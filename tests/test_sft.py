@@ -62,7 +62,7 @@ def test_demonstrations_match_rollout_prompts(config, instances):
                 episode.store, episode.chunk_text, episode.index.search, config.memory.writer_view_tokens,
                 config.memory.writer_newest_entries, config.memory.writer_relevant_entries), episode.chunk_text)
             assert episode.prompt() == prompt
-            episode.step(writer.write(episode.chunk_text, episode.store, view_ids(prompt)))
+            episode.step(writer.write(episode.chunk_text, episode.store, view_ids(prompt, episode.store)))
         assert demo.prompt == episode.prompt()
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from memalpha.memory import MEMALPHA_SCHEMA, PERSONA_SCHEMA, MemoryStore, get_schema
 from memalpha.parsing import NOTHING_TO_STORE
+from memalpha.rewards import is_entry_update, rule_judge
 from memalpha.tools import TOOL_NAMES, TOOL_SCHEMAS, FailureReason, ToolCall, execute_calls, execute_text, tool_schemas
 
 
@@ -193,7 +194,7 @@ def test_text_addressing_rejects_ids_and_unmatched_words_and_leaves_the_memory_u
     by_id, unmatched, ambiguous, missing = run(
         store,
         call("memory_update", memory_type="semantic", memory_id="sem-1", new_content="Ulla lives in Oslo."),
-        call("memory_update", memory_type="semantic", old_content="Oslo", new_content="Ulla lives in Oslo."),
+        call("memory_delete", memory_type="semantic", old_content="Oslo"),
         call("memory_delete", memory_type="semantic", old_content="lives in"),
         call("memory_delete", memory_type="semantic"),
     )
@@ -203,6 +204,24 @@ def test_text_addressing_rejects_ids_and_unmatched_words_and_leaves_the_memory_u
     assert store.to_json() == before
     core = run(store, call("memory_update", memory_type="core", new_content="Ulla and Gwen talk."))[0]
     assert core.ok  # a paragraph is rewritten whole, without old_content
+
+
+def test_a_text_addressed_update_that_names_no_single_entry_inserts_its_new_content():
+    store = MemoryStore(get_schema("memalpha", entry_address="text"))
+    run(store, call("memory_insert", memory_type="semantic", content="Ulla lives in Turku."),
+        call("memory_insert", memory_type="semantic", content="Gwen lives in Porto."))
+    unmatched, ambiguous, repeated = run(
+        store,
+        call("memory_update", memory_type="semantic", old_content="Oslo", new_content="Ulla moved to Oslo."),
+        call("memory_update", memory_type="semantic", old_content="lives in", new_content="Gwen lives in Braga."),
+        call("memory_update", memory_type="semantic", old_content="Bergen", new_content="Ulla moved to Oslo."),
+    )
+    assert unmatched.ok and "no entry of semantic contains 'Oslo'" in unmatched.message and "inserted sem-3" in unmatched.message
+    assert ambiguous.ok and ambiguous.entry_id == "sem-4" and ambiguous.previous_content is None
+    assert repeated.reason == FailureReason.DUPLICATE  # the insert's own checks still apply
+    assert [e.content for e in store.entries("semantic")] == [
+        "Ulla lives in Turku.", "Gwen lives in Porto.", "Ulla moved to Oslo.", "Gwen lives in Braga."]
+    assert not is_entry_update(unmatched) and rule_judge(unmatched)  # judged as the insert it was, not a misaimed update
 
 
 def test_text_addressed_tool_schemas_ask_for_old_content():

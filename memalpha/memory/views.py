@@ -1,7 +1,8 @@
 """What the writer and the reader see of a memory, rendered compactly within a token budget.
 
 Format: one block per section, `[core]` followed by the paragraph, `[semantic]` followed by lines
-`- sem-3: content`. Entries are chosen by priority (newest and most relevant), shown in memory order,
+`- sem-3: content` (or `- content` when the schema's writer names entries by their words, so a small
+writer has no ids to copy). Entries are chosen by priority (newest and most relevant), shown in memory order,
 and the lowest-priority ones are dropped until the rendering fits the budget, measured with the store's
 token counter.
 """
@@ -58,11 +59,19 @@ def _searched(store: MemoryStore, search: SearchFn | None, section: str, query: 
     return [e for e in found if e is not None]  # an index may briefly hold ids the store no longer has
 
 
-def _render(paragraphs: list[tuple[str, str]], shown: dict[str, list[Entry]]) -> str:
+def _entry_line(entry: Entry, with_id: bool) -> str:
+    return f"- {entry.id}: {_flat(entry.content)}" if with_id else f"- {_flat(entry.content)}"
+
+
+def _shows_ids(store: MemoryStore) -> bool:
+    return store.schema.entry_address == "id"
+
+
+def _render(paragraphs: list[tuple[str, str]], shown: dict[str, list[Entry]], with_ids: bool) -> str:
     blocks = [f"[{name}]\n{text or EMPTY}" for name, text in paragraphs]
     for section, entries in shown.items():
         if entries:
-            lines = "\n".join(f"- {e.id}: {_flat(e.content)}" for e in sorted(entries, key=_id_number))
+            lines = "\n".join(_entry_line(e, with_ids) for e in sorted(entries, key=_id_number))
             blocks.append(f"[{section}]\n{lines}")
     return "\n\n".join(blocks)
 
@@ -70,6 +79,7 @@ def _render(paragraphs: list[tuple[str, str]], shown: dict[str, list[Entry]]) ->
 def _fit(store: MemoryStore, priority: list[tuple[str, Entry]], budget_tokens: int) -> str:
     """Paragraphs first (cut if needed), then entries in priority order while the budget allows."""
     count = store.count_tokens
+    with_ids = _shows_ids(store)
     paragraphs: list[tuple[str, str]] = []
     used = 0
     for spec in store.schema.paragraph_sections:
@@ -86,7 +96,7 @@ def _fit(store: MemoryStore, priority: list[tuple[str, Entry]], budget_tokens: i
     shown: dict[str, list[Entry]] = {spec.name: [] for spec in store.schema.list_sections}
     accepted: list[tuple[str, Entry]] = []
     for section, entry in priority:
-        cost = count(f"\n- {entry.id}: {_flat(entry.content)}")
+        cost = count("\n" + _entry_line(entry, with_ids))
         if not shown[section]:
             cost += count(f"\n\n[{section}]")
         if used + cost <= budget_tokens:
@@ -95,7 +105,7 @@ def _fit(store: MemoryStore, priority: list[tuple[str, Entry]], budget_tokens: i
             used += cost
 
     # The estimate above assumes counts add up; enforce the budget on the real rendering.
-    text = _render(paragraphs, shown)
+    text = _render(paragraphs, shown, with_ids)
     while count(text) > budget_tokens:
         if accepted:
             section, entry = accepted.pop()
@@ -110,7 +120,7 @@ def _fit(store: MemoryStore, priority: list[tuple[str, Entry]], budget_tokens: i
                 paragraphs.pop()
         else:
             return ""
-        text = _render(paragraphs, shown)
+        text = _render(paragraphs, shown, with_ids)
     return text
 
 
@@ -125,8 +135,8 @@ def writer_view(
     """The memory shown to the writer with an incoming chunk.
 
     Paragraphs, then for each list its `newest` latest entries and the `relevant` entries most related
-    to `chunk_text` (via `search`; without it only the newest), each with its id so the writer can
-    update or delete it. Newest and relevant entries alternate in priority, ranks alternate across
+    to `chunk_text` (via `search`; without it only the newest), each with its id (when the schema
+    addresses entries by id) so the writer can update or delete it. Newest and relevant entries alternate in priority, ranks alternate across
     lists; the lowest-priority ones are dropped to stay within `budget_tokens`.
     """
     per_section = []
@@ -162,13 +172,17 @@ def whole_view(store: MemoryStore, budget_tokens: int) -> str | None:
     """Every paragraph and entry of the memory, or None when that does not fit in `budget_tokens`."""
     paragraphs = [(spec.name, _flat(store.paragraph(spec.name))) for spec in store.schema.paragraph_sections]
     shown = {spec.name: store.entries(spec.name) for spec in store.schema.list_sections}
-    text = _render(paragraphs, shown)
+    text = _render(paragraphs, shown, _shows_ids(store))
     return text if store.count_tokens(text) <= budget_tokens else None
 
 
 _VIEW_ID = re.compile(r"^- (?P<id>[a-z0-9_]+-\d+): ", re.M)
 
 
-def view_ids(view: str) -> set[str]:
-    """Entry ids a rendered view shows (entry lines read `- sem-3: content`)."""
-    return {m.group("id") for m in _VIEW_ID.finditer(view)}
+def view_ids(view: str, store: MemoryStore) -> set[str]:
+    """Ids of the entries of `store` that a view of it shows: read from lines `- sem-3: content`, or
+    found by their content where the view shows entries without ids."""
+    if _shows_ids(store):
+        return {m.group("id") for m in _VIEW_ID.finditer(view)}
+    lines = set(view.splitlines())
+    return {entry.id for _, entry in store.all_entries() if _entry_line(entry, False) in lines}
