@@ -45,7 +45,8 @@ class MemoryConfig(_Section):
     """Token budget of the memory shown to the reader for one question."""
     entry_address: EntryAddress = "id"
     """How the writer names the entry it updates or deletes: `id` (`memory_id`, the paper's tools) or
-    `text` (`old_content`, words of the entry; docs/TRAINING.md measures both)."""
+    `text` (`old_content`, words of the entry; views then show no ids, and an update whose words name no
+    single entry inserts its new content; docs/TRAINING.md measures both)."""
 
     def schema(self) -> MemorySchema:
         """The memory layout these settings describe."""

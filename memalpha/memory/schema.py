@@ -66,6 +66,8 @@ class MemorySchema:
     `entry_address` is how a writer names the list entry it updates or deletes: `id` (the paper's
     `memory_id`, e.g. `sem-3`) or `text` (`old_content`: words of the entry, matched as in
     `MemoryStore.find_by_text`), which a small writer can copy from the chunk instead of looking up an id.
+    With `text`, views show entries without ids (nothing to copy by mistake) and an update whose words name
+    no single entry inserts its new content (`memalpha.tools`).
     """
 
     name: str
