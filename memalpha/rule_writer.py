@@ -220,36 +220,38 @@ class RuleWriter:
                 key = f"new-{order}"
                 targets[key] = (self._section(item), item.content)
                 inserts[key] = (item.score, order, self._section(item))
-        calls = self._updates(store, updated, {key: targets[key][0] for key in updated}, chunk_text)
+        after = store.copy()  # the memory as this chunk's calls leave it
+        calls = self._updates(after, updated, {key: targets[key][0] for key in updated}, chunk_text)
         ranked = sorted(inserts.items(), key=lambda kv: (-kv[1][0], kv[1][1]))
-        calls += [_call("memory_insert", memory_type=section, content=targets[key][1]) for key, (_, _, section) in ranked]
-        core = self._core(store, calls, chunk_text)
+        for key, (_, _, section) in ranked:
+            calls.append(_call("memory_insert", memory_type=section, content=targets[key][1]))
+            execute_call(after, ToolCall("memory_insert", calls[-1]["arguments"]), 0)
+        core = self._core(store, after, chunk_text)
         if core is not None:
             calls.append(_call("memory_update", memory_type="core", new_content=core))
         return calls
 
-    def _updates(self, store: MemoryStore, updated: dict[str, str], sections: dict[str, str], chunk_text: str) -> list[dict]:
-        """memory_update calls writing `updated[id]` over each entry, named as the schema's entry_address says."""
-        if self.schema.entry_address == "id":
-            return [_call("memory_update", memory_type=sections[key], memory_id=key, new_content=content)
-                    for key, content in updated.items()]
-        after, calls = store.copy(), []
+    def _updates(self, after: MemoryStore, updated: dict[str, str], sections: dict[str, str], chunk_text: str) -> list[dict]:
+        """memory_update calls writing `updated[id]` over each entry, named as the schema's entry_address says,
+        each applied to `after` (a text address must be unique in the memory the call meets)."""
         speakers = {u.speaker.lower() for u in self.utterances(chunk_text) if u.speaker}
+        calls = []
         for key, content in updated.items():
-            fragment = text_address(after, sections[key], key, chunk_text, speakers)
-            calls.append(_call("memory_update", memory_type=sections[key], old_content=fragment, new_content=content))
-            execute_call(after, ToolCall("memory_update", calls[-1]["arguments"]), 0)  # later fragments must be unique after it
+            if self.schema.entry_address == "id":
+                calls.append(_call("memory_update", memory_type=sections[key], memory_id=key, new_content=content))
+            else:
+                fragment = text_address(after, sections[key], key, chunk_text, speakers)
+                calls.append(_call("memory_update", memory_type=sections[key], old_content=fragment, new_content=content))
+            execute_call(after, ToolCall("memory_update", calls[-1]["arguments"]), 0)
         return calls
 
-    def _core(self, store: MemoryStore, calls: list[dict], chunk_text: str) -> str | None:
-        """Rewritten core when it changes: who is talking, then their current home and job facts."""
+    def _core(self, store: MemoryStore, after: MemoryStore, chunk_text: str) -> str | None:
+        """Rewritten core when it changes: who is talking, then their current home and job facts in
+        `after`, the memory as this chunk's other calls leave `store`."""
         if not self._has_core:
             return None
-        after = store.copy()
-        for call in calls:
-            execute_call(after, ToolCall(call["name"], call["arguments"]), 0)
-        speakers = list(dict.fromkeys(u.speaker for u in self.utterances(chunk_text) if u.speaker))
         previous = store.paragraph("core")
+        speakers = list(dict.fromkeys(u.speaker for u in self.utterances(chunk_text) if u.speaker))
         names = _core_names(previous)
         for name in speakers:
             if name not in names:
