@@ -321,7 +321,7 @@ def score_step(episode: Episode, config: RunConfig, judge=None) -> RewardBreakdo
 def _writing_chunks(store: MemoryStore, context: str, question: Question) -> list[int]:
     """The chunk that created or last updated each entry the reader was shown for `question`; only the
     entries that bear on its answer count when some do (a whole-memory view shows every entry)."""
-    shown = [e for entry_id in sorted(view_ids(context))
+    shown = [e for entry_id in sorted(view_ids(context, store))
              if (section := store.section_of(entry_id)) and (e := store.get(section, entry_id)) is not None]
     bearing = [e for e in shown if answer_support(question, e.content, e.content, lambda: "") > 0]
     return [e.updated_chunk for e in bearing or shown]
