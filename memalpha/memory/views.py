@@ -2,9 +2,9 @@
 
 Format: one block per section, `[core]` followed by the paragraph, `[semantic]` followed by lines
 `- sem-3: content` (or `- content` when the schema's writer names entries by their words, so a small
-writer has no ids to copy). Entries are chosen by priority (newest and most relevant), shown in memory order,
-and the lowest-priority ones are dropped until the rendering fits the budget, measured with the store's
-token counter.
+writer has no ids to copy). Entries are chosen by priority (newest and most relevant), shown in memory
+order, and the lowest-priority ones are dropped until the rendering fits the budget, measured with the
+store's token counter.
 """
 
 from __future__ import annotations
@@ -136,8 +136,9 @@ def writer_view(
 
     Paragraphs, then for each list its `newest` latest entries and the `relevant` entries most related
     to `chunk_text` (via `search`; without it only the newest), each with its id (when the schema
-    addresses entries by id) so the writer can update or delete it. Newest and relevant entries alternate in priority, ranks alternate across
-    lists; the lowest-priority ones are dropped to stay within `budget_tokens`.
+    addresses entries by id) so the writer can update or delete it. Newest and relevant entries
+    alternate in priority, ranks alternate across lists; the lowest-priority ones are dropped to stay
+    within `budget_tokens`.
     """
     per_section = []
     for spec in store.schema.list_sections:
