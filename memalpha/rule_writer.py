@@ -234,10 +234,11 @@ class RuleWriter:
     def _updates(self, after: MemoryStore, updated: dict[str, str], sections: dict[str, str], chunk_text: str) -> list[dict]:
         """memory_update calls writing `updated[id]` over each entry, named as the schema's entry_address says,
         each applied to `after` (a text address must be unique in the memory the call meets)."""
-        speakers = {u.speaker.lower() for u in self.utterances(chunk_text) if u.speaker}
+        by_id = self.schema.entry_address == "id"
+        speakers = set() if by_id or not updated else {u.speaker.lower() for u in self.utterances(chunk_text) if u.speaker}
         calls = []
         for key, content in updated.items():
-            if self.schema.entry_address == "id":
+            if by_id:
                 calls.append(_call("memory_update", memory_type=sections[key], memory_id=key, new_content=content))
             else:
                 fragment = text_address(after, sections[key], key, chunk_text, speakers)

@@ -167,7 +167,7 @@ def _failure(call: ToolCall | None, reason: FailureReason, message: str, memory_
     return ToolResult(call, OpResult(False, reason, message), memory_type)
 
 
-MISSED_UPDATE_REASONS = (FailureReason.UNKNOWN_ID, FailureReason.AMBIGUOUS)
+_MISSED_UPDATE_REASONS = (FailureReason.UNKNOWN_ID, FailureReason.AMBIGUOUS)
 """Why a text-addressed update finds no single entry; its new content is then inserted."""
 
 
@@ -213,7 +213,7 @@ def execute_call(store: MemoryStore, call: ToolCall, chunk: int) -> ToolResult:
             return _failure(call, FailureReason.BAD_ARGUMENTS, f"argument {address!r} must be a string, not {memory_id!r}", memory_type)
         if address == "old_content":  # the store edits by id; the words only find the entry
             entry, error = store.find_by_text(memory_type, memory_id)
-            if error and call.name == "memory_update" and error.reason in MISSED_UPDATE_REASONS:
+            if error and call.name == "memory_update" and error.reason in _MISSED_UPDATE_REASONS:
                 return ToolResult(call, _insert_missed_update(store, memory_type, args["new_content"], chunk, error), memory_type)
             if error:
                 return ToolResult(call, error, memory_type)
