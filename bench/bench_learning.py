@@ -37,13 +37,17 @@ REUSE_SFT = os.environ.get("MEMALPHA_BENCH_LEARNING_REUSE_SFT")
 from instead of training it again; the report says so and what that warm start cost."""
 EXTRA_OVERRIDES = os.environ.get("MEMALPHA_BENCH_LEARNING_OVERRIDES", "").split()
 """Space-separated `key=value` overrides applied after the benchmark's own (a setting to compare)."""
+CHUNK_TOKENS = int(os.environ.get("MEMALPHA_BENCH_LEARNING_CHUNK_TOKENS", "512"))
+"""Tokens per chunk of the training and test conversations; each conversation holds `CONVERSATION_TOKENS`
+whatever the chunk size, so a smaller chunk means more, shorter writer calls over the same text."""
+CONVERSATION_TOKENS = 2048
 TEST_SEED = 7
-TEST_CHUNKS = 4
+TEST_CHUNKS = CONVERSATION_TOKENS // CHUNK_TOKENS
 SPREAD_SEEDS = (0, 1, 2)
 COMPETENCIES = ("accurate_retrieval", "conflict_resolution")
 TRAIN_SEED = 0
 TRAIN_INSTANCES = 256
-TRAIN_DATA = ROOT / "data" / "bench-learning"
+TRAIN_DATA = ROOT / "data" / ("bench-learning" if CHUNK_TOKENS == 512 else f"bench-learning-{CHUNK_TOKENS}")
 RUN_DIR = ROOT / "runs" / "bench-learning"
 PLOT = ROOT / "bench" / "results" / "learning.png"
 OVERRIDES = [
@@ -52,8 +56,8 @@ OVERRIDES = [
     # 192 completion tokens a chunk and 256 demonstrations: 0.385 held-out QA against 0.302 for 96 and 384
     # in the same hour (runs AF and AE, docs/TRAINING.md)
     "rollout.max_completion_length=192", "sft.num_demonstrations=256",
-    # demonstrations and held-out checks from all 4 chunks, as tested; GRPO grows from 2 to 4 chunks
-    "data.max_chunks_per_instance=4", "data.chunk_curriculum=[[0, 2], [15, 4]]",
+    # demonstrations and held-out checks from all chunks, as tested; GRPO grows from half to all of them
+    f"data.max_chunks_per_instance={TEST_CHUNKS}", f"data.chunk_curriculum=[[0, {TEST_CHUNKS // 2}], [15, {TEST_CHUNKS}]]",
     # 8 rollouts a step as one group of 8, not two of 4: fewer groups without signal (run S, docs/TRAINING.md)
     "rollout.instances_per_step=1", "rollout.num_generations=8",
     # the benchmark spends its own hour (BUDGET_S), not make train's 11 minutes
@@ -74,7 +78,7 @@ def training_data() -> Path:
     from memalpha.data.synth import SynthConfig, config_dict
     from memalpha.models.loading import default_model_dir, load_tokenizer
 
-    cfg = SynthConfig(instances=TRAIN_INSTANCES, chunks_per_instance=(TEST_CHUNKS,), chunk_tokens=512,
+    cfg = SynthConfig(instances=TRAIN_INSTANCES, chunks_per_instance=(TEST_CHUNKS,), chunk_tokens=CHUNK_TOKENS,
                       competencies=COMPETENCIES, seed=TRAIN_SEED)
     manifest = TRAIN_DATA / "manifest.json"
     if manifest.is_file() and json.loads(manifest.read_text()).get("synth") == config_dict(cfg):
@@ -91,7 +95,7 @@ def test_instances() -> list:
     from memalpha.data.synth import SynthConfig, generate
     from memalpha.models.loading import default_model_dir, load_tokenizer
 
-    cfg = SynthConfig(instances=TEST_INSTANCES, chunks_per_instance=(TEST_CHUNKS,), chunk_tokens=512,
+    cfg = SynthConfig(instances=TEST_INSTANCES, chunks_per_instance=(TEST_CHUNKS,), chunk_tokens=CHUNK_TOKENS,
                       competencies=COMPETENCIES, seed=TEST_SEED)
     return generate(cfg, load_tokenizer(str(default_model_dir())))
 
