@@ -71,15 +71,22 @@ CURVE_KEYS = ("reward", "qa_score", "rewards/coverage/mean", "rewards/retention/
               "tool_calls/success_rate", "tool_calls/nothing_to_store", "frac_reward_zero_std", "timing/step_s")
 
 
+def synth_config(instances: int, seed: int):
+    """The generator settings of the training and the test conversations, which differ only in count and seed."""
+    from memalpha.data.synth import SynthConfig
+
+    return SynthConfig(instances=instances, chunks_per_instance=(TEST_CHUNKS,), chunk_tokens=CHUNK_TOKENS,
+                       competencies=COMPETENCIES, seed=seed)
+
+
 def training_data() -> Path:
     """TRAIN_DATA, generated and prepared (validated, split) unless it already holds this generator config."""
     from memalpha.config import load_config
     from memalpha.data.prep import synthesize
-    from memalpha.data.synth import SynthConfig, config_dict
+    from memalpha.data.synth import config_dict
     from memalpha.models.loading import default_model_dir, load_tokenizer
 
-    cfg = SynthConfig(instances=TRAIN_INSTANCES, chunks_per_instance=(TEST_CHUNKS,), chunk_tokens=CHUNK_TOKENS,
-                      competencies=COMPETENCIES, seed=TRAIN_SEED)
+    cfg = synth_config(TRAIN_INSTANCES, TRAIN_SEED)
     manifest = TRAIN_DATA / "manifest.json"
     if manifest.is_file() and json.loads(manifest.read_text()).get("synth") == config_dict(cfg):
         return TRAIN_DATA
@@ -92,12 +99,10 @@ def training_data() -> Path:
 def test_instances() -> list:
     """The held-out instances, chunked with the default policy's tokenizer like the training data, so
     that the test set is the same text whichever policy is trained."""
-    from memalpha.data.synth import SynthConfig, generate
+    from memalpha.data.synth import generate
     from memalpha.models.loading import default_model_dir, load_tokenizer
 
-    cfg = SynthConfig(instances=TEST_INSTANCES, chunks_per_instance=(TEST_CHUNKS,), chunk_tokens=CHUNK_TOKENS,
-                      competencies=COMPETENCIES, seed=TEST_SEED)
-    return generate(cfg, load_tokenizer(str(default_model_dir())))
+    return generate(synth_config(TEST_INSTANCES, TEST_SEED), load_tokenizer(str(default_model_dir())))
 
 
 def compare(config, instances, method: str, model: Path | None = None) -> dict[str, Any]:
@@ -218,7 +223,7 @@ def run() -> dict[str, Any]:
         "settings": {
             "config": "configs/default.yaml", "overrides": OVERRIDES + EXTRA_OVERRIDES, "B": config.rollout.instances_per_step,
             "G": config.rollout.num_generations, "learning_rate": config.grpo.learning_rate,
-            "test_instances": len(instances), "test_seed": TEST_SEED, "test_chunks": TEST_CHUNKS,
+            "test_instances": len(instances), "test_seed": TEST_SEED, "test_chunks": TEST_CHUNKS, "chunk_tokens": CHUNK_TOKENS,
             "test_questions": sum(len(i.questions) for i in instances), "reader": config.model.reader,
             "completion_budget": config.rollout.max_completion_length,
             "retrieval": f"{config.retrieval.method} top-{config.retrieval.top_k}, {config.memory.reader_view_tokens}-token reader budget",
