@@ -256,6 +256,11 @@ class SFTConfig(_Section):
     patience: int = Field(1, ge=1)
     """Stop after this many epochs without `min_delta` more held-out evidence recall; the best epoch's adapter is kept."""
     min_delta: float = Field(0.01, ge=0)
+    dagger_rounds: int = Field(0, ge=0)
+    """Rounds of on-policy demonstrations after the first SFT stage (DAgger): the policy writes training
+    instances greedily, the rule writer labels the memory states it reached, and SFT goes on on those labels."""
+    dagger_demonstrations: int = Field(128, ge=1)
+    """Demonstrations a DAgger round labels and trains on (one epoch)."""
 
     @model_validator(mode="after")
     def _accumulates(self) -> SFTConfig:

@@ -75,13 +75,25 @@ class SFTProgress:
     def __init__(self, emit: Emit = print):
         self.emit = emit
         self.meter: StepMeter | None = None
+        self.labelling: StepMeter | None = None
 
     def __call__(self, record: dict) -> None:
+        if "dagger_round" in record:
+            self._dagger(record)
+            return
         step, total = int(record.get("step", 0)), int(record.get("max_steps", 0))
-        if self.meter is None:  # run_sft's first record comes when training begins
+        if self.meter is None or self.meter.total != total:  # a stage begins (the first SFT stage, a DAgger round)
             self.meter = StepMeter(total, step)
         if "token_loss" in record:
             self.emit(f"warm start step {step}/{total} | loss {float(record['token_loss']):.4f} | {self.meter.rate_and_eta(step)}")
         if "sft_eval/evidence_recall" in record:
             shown = ", ".join(f"{k.removeprefix('sft_eval/')} {v:.3f}" for k, v in record.items() if k.startswith("sft_eval/"))
             self.emit(f"warm start epoch {record.get('epoch')} held-out extraction: {shown}")
+
+    def _dagger(self, record: dict) -> None:
+        """A DAgger round's policy rollouts: instances written so far, with rate and ETA."""
+        written, drawn = int(record["instances_written"]), int(record["instances"])
+        if self.labelling is None or written <= self.labelling.first:
+            self.labelling = StepMeter(drawn)
+        self.emit(f"warm start DAgger round {record['dagger_round']}: policy wrote {written}/{drawn} instances | "
+                  f"{self.labelling.rate_and_eta(written)}")

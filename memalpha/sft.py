@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -102,16 +102,21 @@ def build_demonstrations(
     for instance in instances:
         episode = Episode(instance, schema, config.memory, config.retrieval, counter, tokenizer)
         for step in run_rule_writer(episode, writer):
-            stats.chunks += 1
             results_ok.extend(r.ok for r in step.results)
-            demo = Demonstration(
-                step.prompt, step.completion, instance.instance_id, step.chunk,
-                counter(step.prompt), counter(step.completion) + 1,  # + the end-of-turn token
-            )
-            if demo.prompt_tokens + demo.completion_tokens > max_length:
-                stats.too_long += 1
-                continue
-            (skip_demos if demo.nothing_to_store else store_demos).append(demo)
+            _file(_demonstration(instance, step.chunk, step.prompt, step.completion, counter), max_length, stats,
+                  store_demos, skip_demos)
+    chosen = sample_demonstrations(store_demos, skip_demos, count, nothing_share, update_share, seed)
+    stats.kept = len(chosen)
+    stats.nothing_to_store = sum(d.nothing_to_store for d in chosen)
+    stats.updates = sum(d.updates_entry for d in chosen)
+    stats.calls_ok = sum(results_ok) / len(results_ok) if results_ok else 0.0
+    return chosen
+
+
+def sample_demonstrations(store_demos: list[Demonstration], skip_demos: list[Demonstration], count: int,
+                          nothing_share: float, update_share: float, seed: int) -> list[Demonstration]:
+    """`count` demonstrations, `nothing_share` of them skips (topped up with writes when skips run short,
+    and the other way round) and at least `update_share` entry updates among the writes, shuffled."""
     rng = random.Random(seed)
     n_skip = min(len(skip_demos), round(count * nothing_share))
     n_store = min(len(store_demos), count - n_skip)
@@ -123,11 +128,89 @@ def build_demonstrations(
     chosen = updates + rng.sample([d for d in store_demos if id(d) not in taken], n_store - n_update)
     chosen += rng.sample(skip_demos, n_skip)
     rng.shuffle(chosen)
-    stats.kept = len(chosen)
-    stats.nothing_to_store = n_skip
-    stats.updates = sum(d.updates_entry for d in chosen)
-    stats.calls_ok = sum(results_ok) / len(results_ok) if results_ok else 0.0
     return chosen
+
+
+def _demonstration(instance: Instance, chunk: int, prompt: str, completion: str, counter) -> Demonstration:
+    return Demonstration(prompt, completion, instance.instance_id, chunk,
+                         counter(prompt), counter(completion) + 1)  # + the end-of-turn token
+
+
+def _file(demo: Demonstration, max_length: int, stats: DemoStats, store_demos: list[Demonstration],
+          skip_demos: list[Demonstration]) -> None:
+    """Count `demo` and add it to the writes or the skips, unless it is longer than `max_length`."""
+    stats.chunks += 1
+    if demo.prompt_tokens + demo.completion_tokens > max_length:
+        stats.too_long += 1
+    else:
+        (skip_demos if demo.nothing_to_store else store_demos).append(demo)
+
+
+def label_policy_states(
+    instances: list[Instance],
+    policy_completions: list[list[str]],
+    config: RunConfig,
+    tokenizer,
+    *,
+    count: int,
+    seed: int = 0,
+    stats: DemoStats | None = None,
+) -> list[Demonstration]:
+    """DAgger labels (Ross et al., 2011): the memory states a policy reached, each with the rule writer's
+    completion for that state.
+
+    `policy_completions[i]` holds what the policy wrote for the chunks of `instances[i]`, in order; the
+    episode is replayed with them, and before each chunk the rule writer says what it would write on the
+    memory the policy had built (small talk it stored, facts it missed, values it overwrote). Sampled like
+    `build_demonstrations` (`count`, `sft.nothing_to_store_share`, `sft.update_share`)."""
+    stats = stats if stats is not None else DemoStats()
+    counter = tokenizer_counter(tokenizer)
+    schema = config.memory.schema()
+    writer = rule_writer_for(config, counter)
+    max_length = demonstration_max_length(config)
+    store_demos: list[Demonstration] = []
+    skip_demos: list[Demonstration] = []
+    for instance, completions in zip(instances, policy_completions, strict=True):
+        episode = Episode(instance, schema, config.memory, config.retrieval, counter, tokenizer)
+        for completion in completions:
+            label = writer.write(episode.chunk_text, episode.store, episode.visible_ids())
+            _file(_demonstration(instance, episode.position, episode.prompt(), label, counter), max_length, stats,
+                  store_demos, skip_demos)
+            episode.step(completion)
+    chosen = sample_demonstrations(store_demos, skip_demos, count, config.sft.nothing_to_store_share,
+                                   config.sft.update_share, seed)
+    stats.kept = len(chosen)
+    stats.nothing_to_store = sum(d.nothing_to_store for d in chosen)
+    stats.updates = sum(d.updates_entry for d in chosen)
+    return chosen
+
+
+def policy_state_demonstrations(policy, instances: list[Instance], config: RunConfig, *, count: int, seed: int = 0,
+                                stats: DemoStats | None = None,
+                                on_batch: Callable[[int, int], None] | None = None) -> list[Demonstration]:
+    """`count` DAgger demonstrations: the policy writes instances drawn from `instances` (seeded) greedily,
+    as it is evaluated, in batches of `eval.batch_size`, until their chunks number `count`, and
+    `label_policy_states` labels the states it visited. `on_batch(written, drawn)` follows the batches."""
+    from memalpha.rollout import collect_rollouts
+
+    drawn: list[Instance] = []
+    for instance in random.Random(seed).sample(instances, len(instances)):
+        if sum(len(i.chunks) for i in drawn) >= count:
+            break
+        drawn.append(instance)
+    completions: list[list[str]] = []
+    size = config.eval.batch_size
+    if on_batch is not None:
+        on_batch(0, len(drawn))
+    for start in range(0, len(drawn), size):
+        unasked = [replace(instance, questions=[]) for instance in drawn[start:start + size]]
+        rollouts = collect_rollouts(policy, unasked, config, num_generations=1, generator=None, reader=None, greedy=True)
+        for index in range(len(unasked)):
+            samples = sorted((s for s in rollouts.samples if s.instance_index == index), key=lambda s: s.chunk)
+            completions.append([s.completion for s in samples])
+        if on_batch is not None:
+            on_batch(len(completions), len(drawn))
+    return label_policy_states(drawn, completions, config, policy.tokenizer, count=count, seed=seed, stats=stats)
 
 
 @dataclass
@@ -219,9 +302,25 @@ class SFTResult:
     epochs: list[dict] = field(default_factory=list)
     """Per epoch: held-out extraction metrics (`extraction_metrics`) after it, and the step."""
     best_epoch: int = 0
+    rounds: list[dict] = field(default_factory=list)
+    """Per DAgger round (`run_dagger`): its demonstrations, SFT steps and seconds."""
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def followed_by(self, later: SFTResult, round_info: dict) -> SFTResult:
+        """This result with a later SFT stage on the same adapter appended (steps and epochs continue)."""
+        epochs = [{**e, "epoch": e["epoch"] + len(self.epochs), "step": e["step"] + self.steps,
+                   "round": round_info["round"]} for e in later.epochs]
+        steps = self.steps + later.steps
+        seconds = self.seconds + later.seconds
+        return SFTResult(
+            adapter_dir=later.adapter_dir, steps=steps, losses=self.losses + later.losses, seconds=seconds,
+            seconds_per_step=seconds / max(steps, 1), train_tokens=self.train_tokens + later.train_tokens,
+            epochs=self.epochs + epochs,
+            best_epoch=later.best_epoch + len(self.epochs) if later.best_epoch else self.best_epoch,
+            rounds=self.rounds + [{**round_info, "steps": later.steps, "seconds": round(later.seconds, 1)}],
+        )
 
 
 def sft_arguments(sft_cfg: SFTConfig, policy, out_dir: Path, max_steps: int | None, seed: int):
@@ -438,3 +537,49 @@ def run_sft(
     )
     (out_dir / "sft_result.json").write_text(json.dumps(result.to_dict(), indent=2))
     return result
+
+
+def run_dagger(policy, instances: list[Instance], config: RunConfig, out_dir: str | Path, first: SFTResult, *,
+               on_log: Callable[[dict], None] | None = None, probes: list[Probe] | None = None,
+               deadline: float | None = None) -> SFTResult:
+    """`sft.dagger_rounds` rounds after the first SFT stage (`first`): each labels
+    `sft.dagger_demonstrations` memory states the current policy reaches on `instances`
+    (`policy_state_demonstrations`) and trains one epoch on them, like `run_sft`, into `out_dir`.
+
+    Rule-writer demonstrations show only the rule writer's own memories; greedy, the warm start then
+    stores small talk and misses facts on its own (docs/TRAINING.md). A round starts only before
+    `deadline`. Returns `first` with the rounds appended (also written to `out_dir`/sft_result.json)."""
+    result = first
+    for round_ in range(1, config.sft.dagger_rounds + 1):
+        if deadline is not None and time.time() >= deadline:
+            break
+        stats = DemoStats()
+        began = time.perf_counter()
+        demos = policy_state_demonstrations(
+            policy, instances, config, count=config.sft.dagger_demonstrations, seed=config.grpo.seed + round_,
+            stats=stats, on_batch=on_log and (lambda written, drawn, r=round_: on_log(
+                {"dagger_round": r, "instances_written": written, "instances": drawn})))
+        labelled_s = time.perf_counter() - began
+        later = run_sft(policy, demos, out_dir, config.sft.model_copy(update={"epochs": 1.0, "max_steps": 0}),
+                        seed=config.grpo.seed + round_, on_log=_continuing(on_log, result), probes=probes,
+                        max_new_tokens=config.rollout.max_completion_length, deadline=deadline)
+        result = result.followed_by(later, {
+            "round": round_, "demonstrations": stats.kept, "chunks": stats.chunks, "nothing_to_store": stats.nothing_to_store,
+            "updates": stats.updates, "too_long": stats.too_long, "label_seconds": round(labelled_s, 1)})
+    (Path(out_dir) / "sft_result.json").write_text(json.dumps(result.to_dict(), indent=2))
+    return result
+
+
+def _continuing(on_log: Callable[[dict], None] | None, earlier: SFTResult) -> Callable[[dict], None] | None:
+    """`on_log` for a later SFT stage: its steps and held-out epochs numbered after `earlier`'s."""
+    if on_log is None:
+        return None
+
+    def log(record: dict) -> None:
+        shifted = {**record, "step": record.get("step", 0) + earlier.steps,
+                   "max_steps": record.get("max_steps", 0) + earlier.steps}
+        if isinstance(record.get("epoch"), int):  # run_sft's held-out check (TRL's own epoch is a float)
+            shifted["epoch"] = record["epoch"] + len(earlier.epochs)
+        on_log(shifted)
+
+    return log

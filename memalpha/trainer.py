@@ -128,7 +128,8 @@ def warm_start(config: RunConfig, run_dir: Path, policy, instances: list[Instanc
     on `sft.eval_chunks` chunks of the `held_out` instances after every epoch; the policy ends with the
     warm-start adapter. An existing adapter there is loaded instead of retraining. Under a time budget
     the run began at `started` (a `time.time()`, default now) and SFT gets `WARM_START_BUDGET_SHARE` of it."""
-    from memalpha.sft import DemoStats, build_demonstrations, demonstration_max_length, extraction_probes, run_sft
+    from memalpha.sft import (DemoStats, build_demonstrations, demonstration_max_length, extraction_probes, run_dagger,
+                              run_sft)
 
     out = Path(run_dir) / SFT_DIR
     if (out / "adapter_model.safetensors").is_file():
@@ -144,8 +145,16 @@ def warm_start(config: RunConfig, run_dir: Path, policy, instances: list[Instanc
         shutil.rmtree(tmp)
     probes = extraction_probes(list(held_out), config, policy.tokenizer, config.sft.eval_chunks)
     deadline = config.deadline(time.time() if started is None else started, WARM_START_BUDGET_SHARE)
-    result = run_sft(policy, demos, tmp, config.sft, seed=config.grpo.seed, on_log=on_log or SFTProgress(log.info),
+    on_log = on_log or SFTProgress(log.info)
+    result = run_sft(policy, demos, tmp, config.sft, seed=config.grpo.seed, on_log=on_log,
                      probes=probes, max_new_tokens=config.rollout.max_completion_length, deadline=deadline)
+    if config.sft.dagger_rounds:
+        result = run_dagger(policy, instances, config, tmp, result, on_log=on_log, probes=probes, deadline=deadline)
+        for info in result.rounds:
+            log.info("warm start: DAgger round %d, %d demonstrations on the policy's own memories (%d nothing-to-store, "
+                     "%d updating an entry), labelled in %.0f s, %d SFT steps in %.0f s", info["round"],
+                     info["demonstrations"], info["nothing_to_store"], info["updates"], info["label_seconds"],
+                     info["steps"], info["seconds"])
     tmp.rename(out)
     log.info("warm start: %d SFT steps in %.0f s (best epoch %d of %d)", result.steps, result.seconds,
              result.best_epoch, len(result.epochs))

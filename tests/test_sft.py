@@ -23,6 +23,9 @@ from memalpha.sft import (
     build_demonstrations,
     demonstration_max_length,
     extraction_probes,
+    label_policy_states,
+    policy_state_demonstrations,
+    run_dagger,
     run_sft,
     score_probe,
 )
@@ -305,3 +308,71 @@ def test_a_held_out_update_counts_as_aimed_only_when_it_keeps_the_entry_subject(
     misaimed = score_probe(probe, update("Quentin bought a zither yesterday."))
     assert (misaimed.updates, misaimed.aimed) == (1, 0)
     assert score_probe(probe, NOTHING_TO_STORE).updates == 0
+
+
+def small_talk(day: int) -> str:
+    return json.dumps({"name": "memory_insert", "arguments": {"memory_type": "episodic",
+                                                             "content": f"They chatted about the weather on day {day}."}})
+
+
+def test_dagger_labels_the_memory_the_policy_built_with_what_the_rule_writer_would_write(config, instances):
+    policy = load_policy(config.model)
+    instance = instances[0]
+    n = len(instance.chunks)
+    teacher = sorted(build_demonstrations([instance], config, policy.tokenizer, count=n), key=lambda d: d.chunk_index)
+    chatty = sorted(label_policy_states([instance], [[small_talk(t) for t in range(n)]], config, policy.tokenizer, count=n),
+                    key=lambda d: d.chunk_index)
+    skipping = sorted(label_policy_states([instance], [[NOTHING_TO_STORE] * n], config, policy.tokenizer, count=n),
+                      key=lambda d: d.chunk_index)
+    assert [d.chunk_index for d in chatty] == [d.chunk_index for d in skipping] == list(range(n))
+    # the first chunk meets an empty memory whoever wrote before: the same demonstration
+    assert chatty[0].prompt == skipping[0].prompt == teacher[0].prompt
+    assert chatty[0].completion == skipping[0].completion == teacher[0].completion
+    writer = RuleWriter(MEMALPHA_SCHEMA, max_completion_tokens=config.rollout.max_completion_length,
+                        count_tokens=policy.count_tokens)
+    chatty_episode = Episode(instance, MEMALPHA_SCHEMA, config.memory, config.retrieval, policy.count_tokens, policy.tokenizer)
+    for t in range(n):
+        # the prompt shows the policy's memory (t small-talk entries), not the rule writer's
+        assert chatty[t].prompt.count("They chatted about the weather") == t
+        assert chatty[t].prompt == chatty_episode.prompt()
+        # and the label is the rule writer's completion on that memory
+        label = writer.write(chatty_episode.chunk_text, chatty_episode.store, chatty_episode.visible_ids())
+        assert chatty[t].completion == label
+        assert chatty_episode.step(small_talk(t)).results[0].ok
+        assert "Memory:\n[core]\n(empty)\n\nNew chunk:" in skipping[t].prompt  # nothing stored, ever
+        assert not skipping[t].updates_entry  # nothing to update on an empty memory
+    assert any(t.prompt != s.prompt for t, s in zip(teacher[1:], skipping[1:]))  # the teacher stored before these
+
+
+def test_a_dagger_round_trains_on_the_policys_own_states_and_continues_the_sft_record(tmp_path, config, instances):
+    policy = load_policy(config.model)
+    cfg = config.model_copy(update={
+        "sft": config.sft.model_copy(update={"batch_size": 2, "micro_batch_size": 2, "dagger_rounds": 1,
+                                             "dagger_demonstrations": 4}),
+        "rollout": config.rollout.model_copy(update={"max_completion_length": 8}),
+    })
+    # the round's states: what the (random) tiny policy wrote, replayed
+    demos = policy_state_demonstrations(policy, instances[:4], cfg, count=4, seed=cfg.grpo.seed + 1)
+    assert len(demos) == 4 and len({d.instance_id for d in demos}) == 1  # drawn until their chunks make the count
+    probes = extraction_probes(instances[-2:], cfg, policy.tokenizer, count=2)
+    first = run_sft(policy, _short_demos(policy)[:2], tmp_path / "warm", cfg.sft, probes=probes, max_new_tokens=4)
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    logged = []
+    result = run_dagger(policy, instances[:4], cfg, tmp_path / "warm", first, probes=probes, on_log=logged.append)
+    assert result.steps == first.steps + 2  # 4 demonstrations in batches of 2
+    assert [e["epoch"] for e in result.epochs] == [1, 2] and result.epochs[1]["round"] == 1
+    assert result.epochs[1]["step"] == result.steps and result.best_epoch == 2
+    assert result.rounds[0]["round"] == 1 and result.rounds[0]["demonstrations"] == 4 and result.rounds[0]["steps"] == 2
+    # progress: the round's rollouts, then its steps numbered after the first stage's
+    assert [(r["instances_written"], r["instances"]) for r in logged if "dagger_round" in r] == [(0, 1), (1, 1)]
+    assert [r["step"] for r in logged if "token_loss" in r] == [first.steps + 1, first.steps + 2]
+    assert any(not torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
+    assert json.loads((tmp_path / "warm" / "sft_result.json").read_text())["rounds"] == result.rounds
+
+
+def test_dagger_rounds_start_only_before_the_deadline(tmp_path, config, instances):
+    policy = load_policy(config.model)
+    cfg = config.model_copy(update={"sft": config.sft.model_copy(update={"dagger_rounds": 2})})
+    first = run_sft(policy, _short_demos(policy)[:4], tmp_path / "warm", cfg.sft.model_copy(update={"batch_size": 4}))
+    result = run_dagger(policy, instances, cfg, tmp_path / "warm", first, deadline=time.time() - 1)
+    assert result.rounds == [] and result.steps == first.steps

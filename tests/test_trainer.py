@@ -219,3 +219,24 @@ def test_train_cli_writes_checkpoints_metrics_and_refuses_a_changed_config(tmp_p
     assert (tmp_path / "run" / "checkpoints" / "step-000002" / "state.json").is_file()
     assert main(args + ["--set", "grpo.learning_rate=0.5"]) == 2
     assert "grpo.learning_rate" in capsys.readouterr().err
+
+
+def test_a_warm_start_with_a_dagger_round_shows_its_progress_and_records_the_round(tmp_path):
+    from test_rollout import CONFIG
+
+    from memalpha.config import load_config
+    from memalpha.progress import SFTProgress
+    from memalpha.trainer import prepare_warm_start
+
+    data = make_dataset(tmp_path / "data")
+    config = load_config(CONFIG, [f"data.train_path={data}", "sft.eval_chunks=2", "sft.dagger_rounds=1",
+                                  "sft.dagger_demonstrations=2"])
+    lines: list[str] = []
+    adapter = prepare_warm_start(config, tmp_path / "run", on_log=SFTProgress(lines.append))
+    printed = "\n".join(lines)
+    assert re.search(r"^warm start DAgger round 1: policy wrote 0/\d+ instances \| starting$", printed, re.M), printed
+    assert re.search(r"^warm start DAgger round 1: policy wrote (\d+)/\1 instances \| [0-9.]+ s/step \| ETA 0s$", printed, re.M)
+    assert re.search(r"^warm start epoch 2 held-out extraction: valid_calls", printed, re.M)  # the round's check
+    result = json.loads((adapter / "sft_result.json").read_text())
+    assert [r["round"] for r in result["rounds"]] == [1] and result["rounds"][0]["demonstrations"] >= 1
+    assert [e.get("round") for e in result["epochs"]] == [None, 1]

@@ -26,7 +26,7 @@ def _run(args) -> int:
     from memalpha.models.loading import ModelNotPreparedError
     from memalpha.models.policy import AdapterError, load_policy
     from memalpha.progress import SFTProgress
-    from memalpha.sft import DemoStats, build_demonstrations, run_sft
+    from memalpha.sft import DemoStats, build_demonstrations, run_dagger, run_sft
 
     config = load_config(args.config, args.set)
     data_path = Path(args.data or config.data.train_path)
@@ -51,8 +51,10 @@ def _run(args) -> int:
     if not demos:
         raise UserError("no demonstration fits sft.max_length; raise it or use shorter chunks")
 
-    result = run_sft(policy, demos, args.out, config.sft, seed=config.grpo.seed,
-                     on_log=SFTProgress(lambda line: print(line, flush=True)))
+    progress = SFTProgress(lambda line: print(line, flush=True))
+    result = run_sft(policy, demos, args.out, config.sft, seed=config.grpo.seed, on_log=progress)
+    if config.sft.dagger_rounds:
+        result = run_dagger(policy, instances, config, args.out, result, on_log=progress)
     print(json.dumps({k: v for k, v in result.to_dict().items() if k != "losses"}), file=sys.stdout)
     print(f"adapter saved to {result.adapter_dir}")
     return 0
