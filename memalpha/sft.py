@@ -3,7 +3,8 @@
 The untrained 135M policy writes prose, never tool calls; a short SFT on the rule writer's outputs
 teaches it the JSON-lines format before GRPO. Demonstrations are built exactly as rollouts see chunks:
 the rule writer runs over each training instance with an evolving memory, and each prompt is
-the prompt of a memalpha.episode over that instance.
+the prompt of a memalpha.episode over that instance. DAgger rounds (`run_dagger`) then label the memories
+the policy builds itself, which rule-writer demonstrations never show it.
 """
 
 from __future__ import annotations
