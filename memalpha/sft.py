@@ -24,7 +24,7 @@ from memalpha.episode import Episode
 from memalpha.generation import MIN_SHARED_PREFIX, generate, keep_last
 from memalpha.parsing import NOTHING_TO_STORE, parse_tool_calls
 from memalpha.rewards import is_entry_update, keeps_subject
-from memalpha.rule_writer import rule_writer_for, run_rule_writer
+from memalpha.rule_writer import rule_writer_for
 from memalpha.tokens import tokenizer_counter
 from memalpha.tools import ADDRESS_ARGUMENT
 
@@ -61,6 +61,7 @@ class DemoStats:
     updates: int = 0
     too_long: int = 0
     calls_ok: float = 0.0
+    """Share of the calls that executed, of the writer that advanced the episodes (rule writer or policy)."""
 
 
 def demonstration_max_length(config: RunConfig) -> int:
@@ -93,25 +94,8 @@ def build_demonstrations(
     nothing_share = config.sft.nothing_to_store_share if nothing_share is None else nothing_share
     update_share = config.sft.update_share if update_share is None else update_share
     stats = stats if stats is not None else DemoStats()
-    counter = tokenizer_counter(tokenizer)
-    schema = config.memory.schema()
-    writer = rule_writer_for(config, counter)
-    max_length = demonstration_max_length(config)
-    store_demos: list[Demonstration] = []
-    skip_demos: list[Demonstration] = []
-    results_ok: list[bool] = []
-    for instance in instances:
-        episode = Episode(instance, schema, config.memory, config.retrieval, counter, tokenizer)
-        for step in run_rule_writer(episode, writer):
-            results_ok.extend(r.ok for r in step.results)
-            _file(_demonstration(instance, step.chunk, step.prompt, step.completion, counter), max_length, stats,
-                  store_demos, skip_demos)
-    chosen = sample_demonstrations(store_demos, skip_demos, count, nothing_share, update_share, seed)
-    stats.kept = len(chosen)
-    stats.nothing_to_store = sum(d.nothing_to_store for d in chosen)
-    stats.updates = sum(d.updates_entry for d in chosen)
-    stats.calls_ok = sum(results_ok) / len(results_ok) if results_ok else 0.0
-    return chosen
+    store_demos, skip_demos = _label_states(instances, None, config, tokenizer, stats)
+    return _sample_into(stats, store_demos, skip_demos, count, nothing_share, update_share, seed)
 
 
 def sample_demonstrations(store_demos: list[Demonstration], skip_demos: list[Demonstration], count: int,
@@ -132,21 +116,6 @@ def sample_demonstrations(store_demos: list[Demonstration], skip_demos: list[Dem
     return chosen
 
 
-def _demonstration(instance: Instance, chunk: int, prompt: str, completion: str, counter) -> Demonstration:
-    return Demonstration(prompt, completion, instance.instance_id, chunk,
-                         counter(prompt), counter(completion) + 1)  # + the end-of-turn token
-
-
-def _file(demo: Demonstration, max_length: int, stats: DemoStats, store_demos: list[Demonstration],
-          skip_demos: list[Demonstration]) -> None:
-    """Count `demo` and add it to the writes or the skips, unless it is longer than `max_length`."""
-    stats.chunks += 1
-    if demo.prompt_tokens + demo.completion_tokens > max_length:
-        stats.too_long += 1
-    else:
-        (skip_demos if demo.nothing_to_store else store_demos).append(demo)
-
-
 def label_policy_states(
     instances: list[Instance],
     policy_completions: list[list[str]],
@@ -165,21 +134,50 @@ def label_policy_states(
     memory the policy had built (small talk it stored, facts it missed, values it overwrote). Sampled like
     `build_demonstrations` (`count`, `sft.nothing_to_store_share`, `sft.update_share`)."""
     stats = stats if stats is not None else DemoStats()
+    store_demos, skip_demos = _label_states(instances, policy_completions, config, tokenizer, stats)
+    return _sample_into(stats, store_demos, skip_demos, count, config.sft.nothing_to_store_share,
+                        config.sft.update_share, seed)
+
+
+def _label_states(instances: list[Instance], policy_completions: list[list[str]] | None, config: RunConfig, tokenizer,
+                  stats: DemoStats) -> tuple[list[Demonstration], list[Demonstration]]:
+    """Walk each instance's episode, labelling the state before every chunk with the rule writer's
+    completion; the episode advances by that label (None) or by `policy_completions[i]`. Returns the
+    writes and the skips that fit `demonstration_max_length`; `stats` counts chunks, drops and the share of
+    the advancing calls that executed."""
     counter = tokenizer_counter(tokenizer)
     schema = config.memory.schema()
     writer = rule_writer_for(config, counter)
     max_length = demonstration_max_length(config)
     store_demos: list[Demonstration] = []
     skip_demos: list[Demonstration] = []
-    for instance, completions in zip(instances, policy_completions, strict=True):
+    results_ok: list[bool] = []
+    if policy_completions is not None and len(policy_completions) != len(instances):
+        raise ValueError(f"completions for {len(policy_completions)} instances, {len(instances)} instances given")
+    for i, instance in enumerate(instances):
         episode = Episode(instance, schema, config.memory, config.retrieval, counter, tokenizer)
-        for completion in completions:
+        written = None if policy_completions is None else policy_completions[i]
+        if written is not None and len(written) != len(instance.chunks):
+            raise ValueError(f"{instance.instance_id}: {len(written)} completions for {len(instance.chunks)} chunks")
+        while not episode.done:
+            prompt = episode.prompt()
             label = writer.write(episode.chunk_text, episode.store, episode.visible_ids())
-            _file(_demonstration(instance, episode.position, episode.prompt(), label, counter), max_length, stats,
-                  store_demos, skip_demos)
-            episode.step(completion)
-    chosen = sample_demonstrations(store_demos, skip_demos, count, config.sft.nothing_to_store_share,
-                                   config.sft.update_share, seed)
+            demo = Demonstration(prompt, label, instance.instance_id, episode.position,
+                                 counter(prompt), counter(label) + 1)  # + the end-of-turn token
+            stats.chunks += 1
+            if demo.prompt_tokens + demo.completion_tokens > max_length:
+                stats.too_long += 1
+            else:
+                (skip_demos if demo.nothing_to_store else store_demos).append(demo)
+            step = episode.step(label if written is None else written[episode.position])
+            results_ok.extend(r.ok for r in step.results)
+    stats.calls_ok = sum(results_ok) / len(results_ok) if results_ok else 0.0
+    return store_demos, skip_demos
+
+
+def _sample_into(stats: DemoStats, store_demos: list[Demonstration], skip_demos: list[Demonstration], count: int,
+                 nothing_share: float, update_share: float, seed: int) -> list[Demonstration]:
+    chosen = sample_demonstrations(store_demos, skip_demos, count, nothing_share, update_share, seed)
     stats.kept = len(chosen)
     stats.nothing_to_store = sum(d.nothing_to_store for d in chosen)
     stats.updates = sum(d.updates_entry for d in chosen)

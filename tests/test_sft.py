@@ -342,6 +342,8 @@ def test_dagger_labels_the_memory_the_policy_built_with_what_the_rule_writer_wou
         assert "Memory:\n[core]\n(empty)\n\nNew chunk:" in skipping[t].prompt  # nothing stored, ever
         assert not skipping[t].updates_entry  # nothing to update on an empty memory
     assert any(t.prompt != s.prompt for t, s in zip(teacher[1:], skipping[1:]))  # the teacher stored before these
+    with pytest.raises(ValueError, match=instance.instance_id):  # a policy that wrote fewer chunks than exist
+        label_policy_states([instance], [[NOTHING_TO_STORE]], config, policy.tokenizer, count=n)
 
 
 def test_a_dagger_round_trains_on_the_policys_own_states_and_continues_the_sft_record(tmp_path, config, instances):
