@@ -541,30 +541,39 @@ def run_sft(
 def run_dagger(policy, instances: list[Instance], config: RunConfig, out_dir: str | Path, first: SFTResult, *,
                on_log: Callable[[dict], None] | None = None, probes: list[Probe] | None = None,
                deadline: float | None = None) -> SFTResult:
-    """`sft.dagger_rounds` rounds after the first SFT stage (`first`): each labels
-    `sft.dagger_demonstrations` memory states the current policy reaches on `instances`
-    (`policy_state_demonstrations`) and trains one epoch on them, like `run_sft`, into `out_dir`.
+    """`sft.dagger_rounds` rounds after the first SFT stage (`first`). Each labels memory states the
+    current policy reaches on `instances` (`policy_state_demonstrations`), adds `sft.dagger_mix` of fresh
+    rule-writer demonstrations (DAgger's aggregated data, sampled: `sft.dagger_demonstrations` in all),
+    and trains one epoch on them at `sft.dagger_learning_rate`, like `run_sft`, into `out_dir`.
 
     Rule-writer demonstrations show only the rule writer's own memories; greedy, the warm start then
     stores small talk and misses facts on its own (docs/TRAINING.md). A round starts only before
     `deadline`. Returns `first` with the rounds appended (also written to `out_dir`/sft_result.json)."""
+    cfg = config.sft
+    round_cfg = cfg.model_copy(update={"epochs": 1.0, "max_steps": 0,
+                                       "learning_rate": cfg.dagger_learning_rate or cfg.learning_rate})
+    from_rule_writer = round(cfg.dagger_demonstrations * cfg.dagger_mix)
     result = first
-    for round_ in range(1, config.sft.dagger_rounds + 1):
+    for round_ in range(1, cfg.dagger_rounds + 1):
         if deadline is not None and time.time() >= deadline:
             break
+        seed = config.grpo.seed + round_
         stats = DemoStats()
         began = time.perf_counter()
         demos = policy_state_demonstrations(
-            policy, instances, config, count=config.sft.dagger_demonstrations, seed=config.grpo.seed + round_,
-            stats=stats, on_batch=on_log and (lambda written, drawn, r=round_: on_log(
+            policy, instances, config, count=cfg.dagger_demonstrations - from_rule_writer, seed=seed, stats=stats,
+            on_batch=on_log and (lambda written, drawn, r=round_: on_log(
                 {"dagger_round": r, "instances_written": written, "instances": drawn})))
         labelled_s = time.perf_counter() - began
-        later = run_sft(policy, demos, out_dir, config.sft.model_copy(update={"epochs": 1.0, "max_steps": 0}),
-                        seed=config.grpo.seed + round_, on_log=_continuing(on_log, result), probes=probes,
+        if from_rule_writer:
+            demos += build_demonstrations(instances, config, policy.tokenizer, count=from_rule_writer, seed=seed)
+            random.Random(seed).shuffle(demos)
+        later = run_sft(policy, demos, out_dir, round_cfg, seed=seed, on_log=_continuing(on_log, result), probes=probes,
                         max_new_tokens=config.rollout.max_completion_length, deadline=deadline)
         result = result.followed_by(later, {
-            "round": round_, "demonstrations": stats.kept, "chunks": stats.chunks, "nothing_to_store": stats.nothing_to_store,
-            "updates": stats.updates, "too_long": stats.too_long, "label_seconds": round(labelled_s, 1)})
+            "round": round_, "demonstrations": len(demos), "policy_states": stats.kept,
+            "nothing_to_store": sum(d.nothing_to_store for d in demos), "updates": sum(d.updates_entry for d in demos),
+            "policy_calls_ok": round(stats.calls_ok, 3), "label_seconds": round(labelled_s, 1)})
     (Path(out_dir) / "sft_result.json").write_text(json.dumps(result.to_dict(), indent=2))
     return result
 

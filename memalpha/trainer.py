@@ -151,10 +151,10 @@ def warm_start(config: RunConfig, run_dir: Path, policy, instances: list[Instanc
     if config.sft.dagger_rounds:
         result = run_dagger(policy, instances, config, tmp, result, on_log=on_log, probes=probes, deadline=deadline)
         for info in result.rounds:
-            log.info("warm start: DAgger round %d, %d demonstrations on the policy's own memories (%d nothing-to-store, "
-                     "%d updating an entry), labelled in %.0f s, %d SFT steps in %.0f s", info["round"],
-                     info["demonstrations"], info["nothing_to_store"], info["updates"], info["label_seconds"],
-                     info["steps"], info["seconds"])
+            log.info("warm start: DAgger round %d, %d demonstrations, %d of them on the policy's own memories "
+                     "(labelled in %.0f s), %d nothing-to-store, %d updating an entry; %d SFT steps in %.0f s",
+                     info["round"], info["demonstrations"], info["policy_states"], info["label_seconds"],
+                     info["nothing_to_store"], info["updates"], info["steps"], info["seconds"])
     tmp.rename(out)
     log.info("warm start: %d SFT steps in %.0f s (best epoch %d of %d)", result.steps, result.seconds,
              result.best_epoch, len(result.epochs))

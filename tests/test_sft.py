@@ -350,7 +350,7 @@ def test_a_dagger_round_trains_on_the_policys_own_states_and_continues_the_sft_r
     policy = load_policy(config.model)
     cfg = config.model_copy(update={
         "sft": config.sft.model_copy(update={"batch_size": 2, "micro_batch_size": 2, "dagger_rounds": 1,
-                                             "dagger_demonstrations": 4}),
+                                             "dagger_demonstrations": 4, "dagger_learning_rate": 2e-4}),
         "rollout": config.rollout.model_copy(update={"max_completion_length": 8}),
     })
     # the round's states: what the (random) tiny policy wrote, replayed
@@ -364,10 +364,13 @@ def test_a_dagger_round_trains_on_the_policys_own_states_and_continues_the_sft_r
     assert result.steps == first.steps + 2  # 4 demonstrations in batches of 2
     assert [e["epoch"] for e in result.epochs] == [1, 2] and result.epochs[1]["round"] == 1
     assert result.epochs[1]["step"] == result.steps and result.best_epoch == 2
-    assert result.rounds[0]["round"] == 1 and result.rounds[0]["demonstrations"] == 4 and result.rounds[0]["steps"] == 2
+    # sft.dagger_mix (0.25) of the 4 come from the rule writer's own memories
+    assert result.rounds[0]["round"] == 1 and result.rounds[0]["steps"] == 2
+    assert result.rounds[0]["demonstrations"] == 4 and result.rounds[0]["policy_states"] == 3
     # progress: the round's rollouts, then its steps numbered after the first stage's
     assert [(r["instances_written"], r["instances"]) for r in logged if "dagger_round" in r] == [(0, 1), (1, 1)]
     assert [r["step"] for r in logged if "token_loss" in r] == [first.steps + 1, first.steps + 2]
+    assert {r["learning_rate"] for r in logged if "token_loss" in r} == {2e-4}  # the rounds' own rate
     assert any(not torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
     assert json.loads((tmp_path / "warm" / "sft_result.json").read_text())["rounds"] == result.rounds
 
