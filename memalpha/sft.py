@@ -565,9 +565,8 @@ def run_dagger(policy, instances: list[Instance], config: RunConfig, out_dir: st
             on_batch=on_log and (lambda written, drawn, r=round_: on_log(
                 {"dagger_round": r, "instances_written": written, "instances": drawn})))
         labelled_s = time.perf_counter() - began
-        if from_rule_writer:
+        if from_rule_writer:  # the trainer's sampler shuffles them together
             demos += build_demonstrations(instances, config, policy.tokenizer, count=from_rule_writer, seed=seed)
-            random.Random(seed).shuffle(demos)
         later = run_sft(policy, demos, out_dir, round_cfg, seed=seed, on_log=_continuing(on_log, result), probes=probes,
                         max_new_tokens=config.rollout.max_completion_length, deadline=deadline)
         result = result.followed_by(later, {
