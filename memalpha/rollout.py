@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -177,6 +178,33 @@ def collect_rollouts(
     batch.samples = [s for samples in per_rollout for s in samples]
     batch.trace = rollout_trace(batch, per_rollout[0], 0) if per_rollout else {}
     return batch
+
+
+@dataclass
+class Written:
+    """One instance as a policy wrote it with its questions withheld: the final memory and its chunk steps."""
+
+    instance: Instance
+    """As given, questions included, for whoever scores the memory afterwards."""
+    memory: MemoryStore
+    samples: list[Sample]
+    """In chunk order."""
+
+
+def write_unasked(policy, instances: list[Instance], config: RunConfig, *, batch_size: int,
+                  generator: torch.Generator | None = None, greedy: bool = True,
+                  ) -> Iterator[tuple[list[Written], RolloutBatch]]:
+    """The policy writes `instances` (G=1, no reader) `batch_size` at a time, as evaluation and DAgger
+    labelling do; yields each batch as written, with its RolloutBatch for the counters."""
+    for start in range(0, len(instances), batch_size):
+        batch = instances[start:start + batch_size]
+        rollouts = collect_rollouts(policy, [replace(i, questions=[]) for i in batch], config, num_generations=1,
+                                    generator=generator, reader=None, greedy=greedy)
+        yield [
+            Written(instance, memory, sorted((s for s in rollouts.samples if s.instance_index == b),
+                                             key=lambda s: s.chunk))
+            for b, (instance, memory) in enumerate(zip(batch, rollouts.memories))
+        ], rollouts
 
 
 def collect_step_rollouts(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -90,30 +90,13 @@ def build_demonstrations(
     With `update_share` (default `sft.update_share`) above 0, at least that share are chunks where the
     rule writer updates a stored entry (conflicts are rarer than new facts).
     """
-    count = config.sft.num_demonstrations if count is None else count
-    nothing_share = config.sft.nothing_to_store_share if nothing_share is None else nothing_share
-    update_share = config.sft.update_share if update_share is None else update_share
-    stats = stats if stats is not None else DemoStats()
-    store_demos, skip_demos = _label_states(instances, None, config, tokenizer, stats)
-    return _sample_into(stats, store_demos, skip_demos, count, nothing_share, update_share, seed)
-
-
-def sample_demonstrations(store_demos: list[Demonstration], skip_demos: list[Demonstration], count: int,
-                          nothing_share: float, update_share: float, seed: int) -> list[Demonstration]:
-    """`count` demonstrations, `nothing_share` of them skips (topped up with writes when skips run short,
-    and the other way round) and at least `update_share` entry updates among the writes, shuffled."""
-    rng = random.Random(seed)
-    n_skip = min(len(skip_demos), round(count * nothing_share))
-    n_store = min(len(store_demos), count - n_skip)
-    n_skip = min(len(skip_demos), count - n_store)  # top up with skips when writes run short
-    update_demos = [d for d in store_demos if d.updates_entry]
-    n_update = min(len(update_demos), n_store, round(count * update_share))
-    updates = rng.sample(update_demos, n_update)
-    taken = {id(d) for d in updates}
-    chosen = updates + rng.sample([d for d in store_demos if id(d) not in taken], n_store - n_update)
-    chosen += rng.sample(skip_demos, n_skip)
-    rng.shuffle(chosen)
-    return chosen
+    return _labelled_sample(
+        instances, None, config, tokenizer, stats,
+        count=config.sft.num_demonstrations if count is None else count,
+        nothing_share=config.sft.nothing_to_store_share if nothing_share is None else nothing_share,
+        update_share=config.sft.update_share if update_share is None else update_share,
+        seed=seed,
+    )
 
 
 def label_policy_states(
@@ -133,10 +116,34 @@ def label_policy_states(
     episode is replayed with them, and before each chunk the rule writer says what it would write on the
     memory the policy had built (small talk it stored, facts it missed, values it overwrote). Sampled like
     `build_demonstrations` (`count`, `sft.nothing_to_store_share`, `sft.update_share`)."""
+    return _labelled_sample(instances, policy_completions, config, tokenizer, stats, count=count,
+                            nothing_share=config.sft.nothing_to_store_share, update_share=config.sft.update_share,
+                            seed=seed)
+
+
+def _labelled_sample(instances: list[Instance], policy_completions: list[list[str]] | None, config: RunConfig,
+                     tokenizer, stats: DemoStats | None, *, count: int, nothing_share: float, update_share: float,
+                     seed: int) -> list[Demonstration]:
+    """Label the states (`_label_states`) and draw `count` demonstrations: `nothing_share` of them skips
+    (topped up with writes when skips run short, and the other way round) and at least `update_share`
+    entry updates among the writes, shuffled; `stats` records what was seen and kept."""
     stats = stats if stats is not None else DemoStats()
     store_demos, skip_demos = _label_states(instances, policy_completions, config, tokenizer, stats)
-    return _sample_into(stats, store_demos, skip_demos, count, config.sft.nothing_to_store_share,
-                        config.sft.update_share, seed)
+    rng = random.Random(seed)
+    n_skip = min(len(skip_demos), round(count * nothing_share))
+    n_store = min(len(store_demos), count - n_skip)
+    n_skip = min(len(skip_demos), count - n_store)  # top up with skips when writes run short
+    update_demos = [d for d in store_demos if d.updates_entry]
+    n_update = min(len(update_demos), n_store, round(count * update_share))
+    updates = rng.sample(update_demos, n_update)
+    taken = {id(d) for d in updates}
+    chosen = updates + rng.sample([d for d in store_demos if id(d) not in taken], n_store - n_update)
+    chosen += rng.sample(skip_demos, n_skip)
+    rng.shuffle(chosen)
+    stats.kept = len(chosen)
+    stats.nothing_to_store = sum(d.nothing_to_store for d in chosen)
+    stats.updates = sum(d.updates_entry for d in chosen)
+    return chosen
 
 
 def _label_states(instances: list[Instance], policy_completions: list[list[str]] | None, config: RunConfig, tokenizer,
@@ -175,22 +182,13 @@ def _label_states(instances: list[Instance], policy_completions: list[list[str]]
     return store_demos, skip_demos
 
 
-def _sample_into(stats: DemoStats, store_demos: list[Demonstration], skip_demos: list[Demonstration], count: int,
-                 nothing_share: float, update_share: float, seed: int) -> list[Demonstration]:
-    chosen = sample_demonstrations(store_demos, skip_demos, count, nothing_share, update_share, seed)
-    stats.kept = len(chosen)
-    stats.nothing_to_store = sum(d.nothing_to_store for d in chosen)
-    stats.updates = sum(d.updates_entry for d in chosen)
-    return chosen
-
-
 def policy_state_demonstrations(policy, instances: list[Instance], config: RunConfig, *, count: int, seed: int = 0,
                                 stats: DemoStats | None = None,
                                 on_batch: Callable[[int, int], None] | None = None) -> list[Demonstration]:
     """`count` DAgger demonstrations: the policy writes instances drawn from `instances` (seeded) greedily,
     as it is evaluated, in batches of `eval.batch_size`, until their chunks number `count`, and
     `label_policy_states` labels the states it visited. `on_batch(written, drawn)` follows the batches."""
-    from memalpha.rollout import collect_rollouts
+    from memalpha.rollout import write_unasked
 
     drawn: list[Instance] = []
     for instance in random.Random(seed).sample(instances, len(instances)):
@@ -198,15 +196,10 @@ def policy_state_demonstrations(policy, instances: list[Instance], config: RunCo
             break
         drawn.append(instance)
     completions: list[list[str]] = []
-    size = config.eval.batch_size
     if on_batch is not None:
         on_batch(0, len(drawn))
-    for start in range(0, len(drawn), size):
-        unasked = [replace(instance, questions=[]) for instance in drawn[start:start + size]]
-        rollouts = collect_rollouts(policy, unasked, config, num_generations=1, generator=None, reader=None, greedy=True)
-        for index in range(len(unasked)):
-            samples = sorted((s for s in rollouts.samples if s.instance_index == index), key=lambda s: s.chunk)
-            completions.append([s.completion for s in samples])
+    for written, _ in write_unasked(policy, drawn, config, batch_size=config.eval.batch_size):
+        completions.extend([s.completion for s in w.samples] for w in written)
         if on_batch is not None:
             on_batch(len(completions), len(drawn))
     return label_policy_states(drawn, completions, config, policy.tokenizer, count=count, seed=seed, stats=stats)

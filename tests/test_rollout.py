@@ -10,7 +10,7 @@ from memalpha.data.io import write_dataset
 from memalpha.data.schema import Instance, Question
 from memalpha.models.policy import load_policy
 from memalpha.models.readers import make_reader
-from memalpha.rollout import collect_rollouts
+from memalpha.rollout import collect_rollouts, write_unasked
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 PEOPLE = ["Priya", "Javier", "Clara", "Hiro", "Ines", "Luca", "Maya", "Oscar"]
@@ -118,3 +118,20 @@ def test_rollouts_are_reproducible_from_the_generator(dataset, random_adapter):
     ]
     texts = [[s.completion for s in run.samples] for run in runs]
     assert texts[0] == texts[1] and texts[0] != texts[2]
+
+
+def test_write_unasked_batches_instances_without_their_questions(dataset, random_adapter):
+    config = tiny_config(dataset, "data.max_chunks_per_instance=0")
+    policy = _policy(config, random_adapter)
+    instances = make_instances()[:3]  # 3, 2 and 2 chunks
+    batches = list(write_unasked(policy, instances, config, batch_size=2))
+    assert [len(written) for written, _ in batches] == [2, 1]
+    written = [w for ws, _ in batches for w in ws]
+    assert [w.instance for w in written] == instances  # questions kept for the scorer
+    for w in written:
+        assert [s.chunk for s in w.samples] == list(range(len(w.instance.chunks)))
+        assert w.samples[-1].memory_json == w.memory.to_json()
+    for _, rollouts in batches:
+        assert all(not i.questions for i in rollouts.instances) and not rollouts.answers[0]
+    greedy = [s.completion for s in written[0].samples]
+    assert greedy == [s.completion for s in next(write_unasked(policy, instances[:1], config, batch_size=1))[0][0].samples]

@@ -16,7 +16,6 @@ and 0 for closed book.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import time
 from abc import ABC, abstractmethod
@@ -261,42 +260,36 @@ class PolicyMethod(Method):
     def build(self, instances: list[Instance], seed: int) -> list[Built]:
         import torch
 
-        from memalpha.rollout import collect_rollouts
+        from memalpha.rollout import write_unasked
 
-        config = self._rollout_config()
         generator = None if not self.stochastic else torch.Generator(device=self.policy.device).manual_seed(seed)
         size = self.env.config.eval.batch_size
+        batches = write_unasked(self.policy, instances, self._rollout_config(), batch_size=size,
+                                generator=generator, greedy=not self.stochastic)
         built: list[Built] = []
-        for start in range(0, len(instances), size):
-            batch = instances[start:start + size]
-            unasked = [dataclasses.replace(inst, questions=[]) for inst in batch]
-            began = time.perf_counter()
-            rollouts = collect_rollouts(
-                self.policy, unasked, config, num_generations=1, generator=generator, reader=None,
-                greedy=not self.stochastic,
-            )
+        began = time.perf_counter()  # each batch is written when the loop asks for it
+        for number, (written, rollouts) in enumerate(batches, 1):
             elapsed = time.perf_counter() - began
-            seconds = elapsed / len(batch)
             self.env.say(
-                f"  {self.name}: batch {start // size + 1}/{-(-len(instances) // size)} ({len(batch)} instances, "
-                f"{max(len(i.chunks) for i in batch)} chunk steps, {rollouts.generated_tokens:,} tokens generated) in {elapsed:.1f} s"
+                f"  {self.name}: batch {number}/{-(-len(instances) // size)} ({len(written)} instances, "
+                f"{max(len(w.instance.chunks) for w in written)} chunk steps, {rollouts.generated_tokens:,} tokens generated) in {elapsed:.1f} s"
             )
-            for b, (inst, store) in enumerate(zip(batch, rollouts.memories)):
-                samples = sorted((s for s in rollouts.samples if s.instance_index == b), key=lambda s: s.chunk)
-                results = [res for sample in samples for res in sample.results]
+            for w in written:
+                results = [res for sample in w.samples for res in sample.results]
                 # the policy wrote without the questions: their support is read off each step's memory now
-                supports = [memory_support(inst.questions, whole_memory_text(MemoryStore.from_json(s.memory_json)))
-                            for s in samples]
-                index = MemoryIndex(store, self.env.config.retrieval, self.env.embedder)
+                supports = [memory_support(w.instance.questions, whole_memory_text(MemoryStore.from_json(s.memory_json)))
+                            for s in w.samples]
+                index = MemoryIndex(w.memory, self.env.config.retrieval, self.env.embedder)
                 built.append(Built(
-                    contexts=self.env.memory_contexts(store, index, inst),
-                    memory_tokens=store.token_count(),
+                    contexts=self.env.memory_contexts(w.memory, index, w.instance),
+                    memory_tokens=w.memory.token_count(),
                     tool_calls=len(results),
                     tool_calls_ok=sum(r.ok for r in results),
-                    seconds=seconds,
-                    memory=store.to_dict(),
+                    seconds=elapsed / len(written),
+                    memory=w.memory.to_dict(),
                     answers_lost=answers_lost(supports),
                 ))
+            began = time.perf_counter()
         return built
 
     def close(self) -> None:
