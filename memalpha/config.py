@@ -209,7 +209,11 @@ class GRPOConfig(_Section):
     shows the policy what to store. It trains with importance ratio 1, and a `sample` advance never
     moves the state to it, so states stay on-policy."""
     kl_beta: float = Field(0.0, ge=0)
-    """KL coefficient to the reference policy (adapters disabled)."""
+    """KL coefficient to the reference policy (`kl_reference`)."""
+    kl_reference: Literal["warm_start", "base"] = "warm_start"
+    """The policy the KL term holds GRPO near: `warm_start`, the adapter GRPO started from (the SFT warm
+    start, else the fresh LoRA, which equals the base model), as TRL and verl use the SFT model; `base`, the
+    base model with the adapter disabled, which after a warm start pulls back towards not writing at all."""
     num_iterations: int = Field(1, ge=1)
     """Inner epochs over the same rollouts."""
     micro_batch_size: int = Field(4, ge=1)

@@ -8,7 +8,7 @@ current log-prob logp_it, old log-prob (the policy that sampled it) old_it.
                                                               scale_rewards = none:  no division
     rho_it  = exp(logp_it - old_it)
     L_it    = -min(rho_it A_i, clip(rho_it, 1 - eps_low, 1 + eps_high) A_i) + kl_beta * KL_it
-    KL_it   = exp(ref_it - logp_it) - (ref_it - logp_it) - 1  (k3 estimator, reference = adapters off)
+    KL_it   = exp(ref_it - logp_it) - (ref_it - logp_it) - 1  (k3 estimator, reference = grpo.kl_reference)
 
 Aggregation over the global batch of N samples (T tokens in all) split into M micro-batches:
     grpo    : (1/N) sum_i mean_t L_it                      per-sequence mean, then mean over sequences

@@ -212,6 +212,8 @@ class Trainer:
         self.judge = make_judge(config.model, self.policy) if config.reward.judge == "llm" else None
         seed_everything(cfg.seed)  # identical state whether the warm start ran now or was loaded
         self.generator = torch.Generator(device=self.policy.device).manual_seed(cfg.seed)
+        self.reference = self.policy.adapter_weights() if cfg.kl_reference == "warm_start" else None
+        """The KL term's reference weights (before any GRPO update; a resumed run loads the warm start first)."""
         self.params = self.policy.trainable_parameters()
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         warmup = cfg.warmup_steps
@@ -425,7 +427,8 @@ class Trainer:
 
     @torch.no_grad()
     def _ref_logps(self, rows: list[Sample], shared: bool) -> torch.Tensor:
-        with self.policy.adapters_disabled():
+        policy = self.policy
+        with policy.adapters_disabled() if self.reference is None else policy.using_adapter_weights(self.reference):
             return self._logps(rows, shared)[0]
 
     def _metrics(self, batch: RolloutBatch, rewards, groups, zero_std, update: dict[str, float]) -> dict[str, float]:

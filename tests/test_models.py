@@ -89,6 +89,33 @@ def test_merged_adapter_matches_the_adapter_and_restores_the_base_exactly():
     assert torch.equal(_logits(policy), with_adapter)
 
 
+def test_using_adapter_weights_runs_the_snapshot_and_keeps_the_gradient_of_the_current_weights():
+    policy = load_policy(tiny_cfg())
+    _perturb_lora(policy, 0.2)
+    snapshot, snapshot_logits = policy.adapter_weights(), _logits(policy)
+    _perturb_lora(policy, 0.3)  # an update after the snapshot
+    current = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    batch = policy.encode(["hello memory"])
+
+    def gradients(with_reference: bool) -> dict[str, torch.Tensor]:
+        policy.model.zero_grad(set_to_none=True)
+        policy.model.train()
+        loss = policy.model(**batch).logits.float().pow(2).mean()  # the graph exists before the swap
+        if with_reference:
+            with policy.using_adapter_weights(snapshot):
+                assert torch.allclose(_logits(policy), snapshot_logits, atol=1e-6)
+                assert not policy.model.training and not torch.is_grad_enabled()
+            assert policy.model.training
+        loss.backward()
+        return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+
+    plain, swapped = gradients(False), gradients(True)
+    assert all(torch.equal(plain[n], swapped[n]) for n in plain)
+    for name, param in policy.model.named_parameters():
+        assert torch.equal(param, current[name]), name  # the current weights, bit for bit
+    assert not torch.allclose(_logits(policy), snapshot_logits, atol=1e-4)
+
+
 def test_adapter_save_load_round_trip(tmp_path):
     trained = load_policy(tiny_cfg())
     _perturb_lora(trained, 0.3)

@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from memalpha.checkpoint import read_best
 from memalpha.errors import UserError
+from memalpha.models.policy import load_policy
 from memalpha.trainer import METRICS_FILE, SFT_DIR, Trainer
 from test_rollout import make_dataset, random_adapter, tiny_config  # noqa: F401  (fixture re-export)
 
@@ -17,9 +18,9 @@ VOLATILE = ("timing/", "throughput/", "eval/seconds", "warm_start/eval/seconds")
 
 
 def _config(data_dir, *overrides):
-    # KL to the reference gives the update a real gradient even when all rewards tie (the random tiny
+    # KL to the base model gives the update a real gradient even when all rewards tie (the random tiny
     # model never writes a valid call), so the resume test covers optimizer and adapter state.
-    return tiny_config(data_dir, "sft.enabled=true", "grpo.kl_beta=0.5", "grpo.learning_rate=0.05",
+    return tiny_config(data_dir, "sft.enabled=true", "grpo.kl_beta=0.5", "grpo.kl_reference=base", "grpo.learning_rate=0.05",
                        "grpo.checkpoint_every=2", "grpo.steps=3", *overrides)
 
 
@@ -66,6 +67,18 @@ def test_step_outputs_and_metric_names(finished):
     lines = [json.loads(x) for x in (run / METRICS_FILE).read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2, 3]
     assert results[0].metrics["learning_rate"] < results[1].metrics["learning_rate"]  # warmup_steps=1
+
+
+def test_kl_reference_is_the_warm_start_not_the_base_model(tmp_path, random_adapter):  # noqa: F811
+    data = make_dataset(tmp_path / "data")
+    config = _config(data, "grpo.kl_reference=warm_start", "grpo.steps=1")
+    trainer = Trainer(config, _run_dir(tmp_path, random_adapter))
+    warm = load_policy(config.model, adapter=random_adapter).adapter_weights()
+    assert trainer.reference.keys() == warm.keys() and all(torch.equal(trainer.reference[k], warm[k]) for k in warm)
+    first = trainer.train_step()
+    # before its first update the policy is the warm start: no divergence (the base model's KL is > 0, above)
+    assert first.metrics["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert all(torch.equal(trainer.reference[k], warm[k]) for k in warm)  # the update left it alone
 
 
 def test_checkpoint_contents_and_updates_change_the_adapter(finished):

@@ -116,6 +116,29 @@ class Policy:
                 weight.data = original
             self.model.train(was_training)
 
+    def adapter_weights(self) -> dict[str, torch.Tensor]:
+        """A copy of the trainable LoRA weights by parameter name: a frozen snapshot of this policy."""
+        return {name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad}
+
+    @contextmanager
+    def using_adapter_weights(self, weights: dict[str, torch.Tensor]) -> Iterator[None]:
+        """Run the policy a snapshot (`adapter_weights`) describes, in eval mode and without gradients; the
+        current weights come back on exit, bit for bit, before anything can backpropagate through them."""
+        params = dict(self.model.named_parameters())
+        swapped: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for name, weight in weights.items():
+                    swapped.append((params[name], params[name].data))
+                    params[name].data = weight
+                yield
+        finally:
+            for param, original in swapped:
+                param.data = original
+            self.model.train(was_training)
+
     def save_adapter(self, path: str | Path) -> Path:
         """Write the LoRA weights (safetensors) and adapter config to `path`."""
         path = Path(path)
