@@ -212,8 +212,9 @@ class Trainer:
         self.judge = make_judge(config.model, self.policy) if config.reward.judge == "llm" else None
         seed_everything(cfg.seed)  # identical state whether the warm start ran now or was loaded
         self.generator = torch.Generator(device=self.policy.device).manual_seed(cfg.seed)
-        self.reference = self.policy.adapter_weights() if cfg.kl_reference == "warm_start" else None
-        """The KL term's reference weights (before any GRPO update; a resumed run loads the warm start first)."""
+        self.reference = self.policy.adapter_weights() if cfg.kl_beta and cfg.kl_reference == "warm_start" else None
+        """The KL term's reference weights (before any GRPO update; a resumed run loads the warm start first);
+        None: the base model, when there is a KL term."""
         self.params = self.policy.trainable_parameters()
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         warmup = cfg.warmup_steps
