@@ -201,8 +201,7 @@ def write_unasked(policy, instances: list[Instance], config: RunConfig, *, batch
         rollouts = collect_rollouts(policy, [replace(i, questions=[]) for i in batch], config, num_generations=1,
                                     generator=generator, reader=None, greedy=greedy)
         yield [
-            Written(instance, memory, sorted((s for s in rollouts.samples if s.instance_index == b),
-                                             key=lambda s: s.chunk))
+            Written(instance, memory, [s for s in rollouts.samples if s.instance_index == b])
             for b, (instance, memory) in enumerate(zip(batch, rollouts.memories))
         ], rollouts
 

@@ -212,7 +212,13 @@ class Trainer:
         self.judge = make_judge(config.model, self.policy) if config.reward.judge == "llm" else None
         seed_everything(cfg.seed)  # identical state whether the warm start ran now or was loaded
         self.generator = torch.Generator(device=self.policy.device).manual_seed(cfg.seed)
-        self.reference = self.policy.adapter_weights() if cfg.kl_beta and cfg.kl_reference == "warm_start" else None
+        self.reference = None
+        if cfg.kl_beta and cfg.kl_reference == "warm_start":
+            if config.sft.enabled and self.warm_start_dir is None:  # resumed, and run_dir/sft is gone
+                raise UserError(f"{self.run_dir / SFT_DIR} holds no warm-start adapter, and the KL term's reference "
+                                "(grpo.kl_reference=warm_start) is that adapter; restore it, or resume with "
+                                "grpo.kl_reference=base")
+            self.reference = self.policy.adapter_weights()
         """The KL term's reference weights (before any GRPO update; a resumed run loads the warm start first);
         None: the base model, when there is a KL term."""
         self.params = self.policy.trainable_parameters()

@@ -81,6 +81,15 @@ def test_kl_reference_is_the_warm_start_not_the_base_model(tmp_path, random_adap
     assert all(torch.equal(trainer.reference[k], warm[k]) for k in warm)  # the update left it alone
 
 
+def test_a_resume_without_its_warm_start_refuses_a_warm_start_reference(finished, tmp_path):
+    data, run, _, _ = finished
+    copy = tmp_path / "no-warm-start"
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / SFT_DIR)  # the checkpoints remain, so nothing would retrain or load the warm start
+    with pytest.raises(UserError, match=re.escape(str(copy / SFT_DIR)) + " holds no warm-start adapter"):
+        Trainer(_config(data, "grpo.kl_reference=warm_start"), copy)
+
+
 def test_checkpoint_contents_and_updates_change_the_adapter(finished):
     _, run, _, _ = finished
     steps = sorted(p.name for p in (run / "checkpoints").iterdir())
