@@ -94,27 +94,17 @@ class Policy:
         Runs in eval mode, where merging is exact (no LoRA dropout); the training flag is restored on exit."""
         from peft.tuners.lora import LoraLayer
 
-        swapped: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                for layer in self.model.modules():
-                    if not isinstance(layer, LoraLayer) or layer.merged:
-                        continue
-                    adapters = [a for a in layer.active_adapters if a in layer.lora_A]
-                    if not adapters:
-                        continue
+        def merged_weights() -> Iterator[tuple[torch.nn.Parameter, torch.Tensor]]:
+            for layer in self.model.modules():
+                if not isinstance(layer, LoraLayer) or layer.merged:
+                    continue
+                adapters = [a for a in layer.active_adapters if a in layer.lora_A]
+                if adapters:
                     weight = layer.get_base_layer().weight
-                    merged = weight.data + sum(layer.get_delta_weight(a) for a in adapters).to(weight.dtype)
-                    swapped.append((weight, weight.data))
-                    weight.data = merged
-            with self.adapters_disabled():
-                yield
-        finally:
-            for weight, original in swapped:
-                weight.data = original
-            self.model.train(was_training)
+                    yield weight, weight.data + sum(layer.get_delta_weight(a) for a in adapters).to(weight.dtype)
+
+        with self._swapped_in_eval(merged_weights()), self.adapters_disabled():
+            yield
 
     def adapter_weights(self) -> dict[str, torch.Tensor]:
         """A copy of the trainable LoRA weights by parameter name: a frozen snapshot of this policy."""
@@ -125,15 +115,22 @@ class Policy:
         """Run the policy a snapshot (`adapter_weights`) describes, in eval mode and without gradients; the
         current weights come back on exit, bit for bit, before anything can backpropagate through them."""
         params = dict(self.model.named_parameters())
+        with self._swapped_in_eval((params[name], weight) for name, weight in weights.items()), torch.no_grad():
+            yield
+
+    @contextmanager
+    def _swapped_in_eval(self, replacements: Iterator[tuple[torch.nn.Parameter, torch.Tensor]]) -> Iterator[None]:
+        """Eval mode with each parameter's tensor replaced (computed without gradients); the original tensors
+        and the training flag come back on exit."""
         swapped: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
-                for name, weight in weights.items():
-                    swapped.append((params[name], params[name].data))
-                    params[name].data = weight
-                yield
+                for param, replacement in replacements:
+                    swapped.append((param, param.data))
+                    param.data = replacement
+            yield
         finally:
             for param, original in swapped:
                 param.data = original
