@@ -37,6 +37,7 @@ from memalpha.rewards import (
     coverage_chunks,
     llm_verdicts,
     memory_support,
+    overwritten_unrelated,
     retention,
 )
 from memalpha.tokens import TokenCounter
@@ -197,8 +198,10 @@ class Episode:
         support = {}
         if self._relevant[t]:
             written = self._written(results)
+            overwritten = overwritten_unrelated(results)
+            unresolved = f"{whole}\n{overwritten}" if overwritten else whole
             for j in self._relevant[t]:
-                support[j] = answer_support(self.instance.questions[j], written, chunk_text, lambda: whole,
+                support[j] = answer_support(self.instance.questions[j], written, chunk_text, lambda: unresolved,
                                             self.shadowed_conflict_credit)
         supported = memory_support(self.instance.questions, whole)
         kept = retention(self.steps[-1].memory_support if self.steps else {}, supported)

@@ -137,6 +137,14 @@ def keeps_subject(previous: str, new: str) -> bool:
     return len(_subject_words(previous) & _subject_words(new)) >= UPDATE_SHARED_WORDS
 
 
+def overwritten_unrelated(results: Sequence[ToolResult]) -> str:
+    """What this step's misaimed updates overwrote (list-entry updates that do not `keeps_subject`), one line
+    each: an unrelated overwrite that removes a superseded value has not resolved the conflict, so the
+    conflict credit still reads those lines as stored."""
+    return "\n".join(r.previous_content or "" for r in results
+                     if is_entry_update(r) and not keeps_subject(r.previous_content or "", r.content or ""))
+
+
 def _id_number(entry_id: str | None) -> int:
     try:
         return int(str(entry_id).rsplit("-", 1)[1])
@@ -344,7 +352,8 @@ def answer_support(question: Question, written: str, chunk_text: str, memory_tex
     - summary keywords: the share of the keywords the chunk states that the writes kept;
     - classification: 1 when the evidence reader finds the right label among the written examples;
     - conflict: 1 when the writes state the current value and not a superseded one, times
-      `shadowed_credit` while the whole memory (`memory_text()`) still asserts a superseded value;
+      `shadowed_credit` while the whole memory (`memory_text()`, with what misaimed updates overwrote:
+      `overwritten_unrelated`) still asserts a superseded value;
     - otherwise: 1 when a gold answer occurs in the writes, else the best share of a gold answer's
       words they hold (partial credit for lists and multi-word answers).
     """

@@ -160,6 +160,24 @@ def test_shadowing_a_stale_entry_earns_the_configured_credit_and_updating_it_ear
     assert second_step(update("sem-1", "Maya lives in Graz.")) == 1.0
 
 
+def test_overwriting_the_stale_entry_with_an_unrelated_fact_does_not_resolve_the_conflict():
+    chunks = [HEADER + "Maya: I live in Oslo now.\nLeo: My sister Ana is visiting.",
+              HEADER + "Maya: I moved to Graz last month.\nLeo: Ana loves the harbour."]
+    conflict = Question("q", "Where does Maya live now?", ["Graz"], "conflict", [0, 1], ["Oslo"])
+    writer = SimpleNamespace(count_tokens=regex_token_count, tokenizer=None)
+
+    def second_step(completion: str) -> float:
+        [episode] = new_episodes(writer, [Instance("c", "test", "conflict_resolution", chunks, [conflict], {})], CFG, 1)
+        episode.step(insert("Maya lives in Oslo."))
+        return episode.step(completion).support[0]
+
+    aimed = update("sem-1", "Maya moved from Oslo to Graz last month.")
+    misaimed = insert("Maya moved to Graz last month.") + "\n" + update("sem-1", "Leo's sister Ana loves the harbour.")
+    assert second_step(aimed) == 1.0
+    # Oslo is gone from the memory either way, but only the aimed update replaced it
+    assert second_step(misaimed) == CFG.reward.shadowed_conflict_credit
+
+
 def test_the_paper_reward_is_still_expressible(scored):
     paper = CFG.model_copy(update={"reward": CFG.reward.model_copy(update={"coverage_weight": 0.0, "content_gate": False})})
     score = run(WRITERS["facts"], config=paper)
