@@ -144,38 +144,32 @@ def test_answer_support_gives_partial_credit_and_respects_superseded_values():
     assert answer_support(conflict, "Maya lives in Oslo.", "", lambda: "") == 0.0
 
 
+def conflict_support(chunks: list[str], completion: str, config=CFG) -> float:
+    """Support of "Where does Maya live now?" (Graz, formerly Oslo) for `completion` on the second chunk,
+    after a first step that stored Oslo as sem-1."""
+    conflict = Question("q", "Where does Maya live now?", ["Graz"], "conflict", [0, 1], ["Oslo"])
+    writer = SimpleNamespace(count_tokens=regex_token_count, tokenizer=None)  # a policy, as rollouts see it
+    [episode] = new_episodes(writer, [Instance("c", "test", "conflict_resolution", chunks, [conflict], {})], config, 1)
+    episode.step(insert("Maya lives in Oslo."))
+    return episode.step(completion).support[0]
+
+
 @pytest.mark.parametrize("credit", [0.5, 0.0])
 def test_shadowing_a_stale_entry_earns_the_configured_credit_and_updating_it_earns_all(credit):
     chunks = [HEADER + "Maya: I live in Oslo now.", HEADER + "Maya: I moved to Graz last month."]
-    conflict = Question("q", "Where does Maya live now?", ["Graz"], "conflict", [0, 1], ["Oslo"])
     config = CFG.model_copy(update={"reward": CFG.reward.model_copy(update={"shadowed_conflict_credit": credit})})
-
-    def second_step(completion: str) -> float:
-        writer = SimpleNamespace(count_tokens=regex_token_count, tokenizer=None)  # a policy, as rollouts see it
-        [episode] = new_episodes(writer, [Instance("c", "test", "conflict_resolution", chunks, [conflict], {})], config, 1)
-        episode.step(insert("Maya lives in Oslo."))
-        return episode.step(completion).support[0]
-
-    assert second_step(insert("Maya lives in Graz.")) == credit  # Oslo is still asserted beside it
-    assert second_step(update("sem-1", "Maya lives in Graz.")) == 1.0
+    assert conflict_support(chunks, insert("Maya lives in Graz."), config) == credit  # Oslo is still asserted beside it
+    assert conflict_support(chunks, update("sem-1", "Maya lives in Graz."), config) == 1.0
 
 
 def test_overwriting_the_stale_entry_with_an_unrelated_fact_does_not_resolve_the_conflict():
     chunks = [HEADER + "Maya: I live in Oslo now.\nLeo: My sister Ana is visiting.",
               HEADER + "Maya: I moved to Graz last month.\nLeo: Ana loves the harbour."]
-    conflict = Question("q", "Where does Maya live now?", ["Graz"], "conflict", [0, 1], ["Oslo"])
-    writer = SimpleNamespace(count_tokens=regex_token_count, tokenizer=None)
-
-    def second_step(completion: str) -> float:
-        [episode] = new_episodes(writer, [Instance("c", "test", "conflict_resolution", chunks, [conflict], {})], CFG, 1)
-        episode.step(insert("Maya lives in Oslo."))
-        return episode.step(completion).support[0]
-
     aimed = update("sem-1", "Maya moved from Oslo to Graz last month.")
     misaimed = insert("Maya moved to Graz last month.") + "\n" + update("sem-1", "Leo's sister Ana loves the harbour.")
-    assert second_step(aimed) == 1.0
+    assert conflict_support(chunks, aimed) == 1.0
     # Oslo is gone from the memory either way, but only the aimed update replaced it
-    assert second_step(misaimed) == CFG.reward.shadowed_conflict_credit
+    assert conflict_support(chunks, misaimed) == CFG.reward.shadowed_conflict_credit
 
 
 def test_the_paper_reward_is_still_expressible(scored):
