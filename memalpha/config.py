@@ -48,9 +48,10 @@ class MemoryConfig(_Section):
     reader_view_tokens: int = Field(2048, ge=64)
     """Token budget of the memory shown to the reader for one question."""
     entry_address: EntryAddress = "id"
-    """How the writer names the entry it updates or deletes: `id` (`memory_id`, the paper's tools) or
+    """How the writer names the entry it updates or deletes: `id` (`memory_id`, the paper's tools),
     `text` (`old_content`, words of the entry; views then show no ids, and an update whose words name no
-    single entry inserts its new content; docs/TRAINING.md measures both)."""
+    single entry inserts its new content) or `subject` (deletes as `text`; an update names nothing and
+    replaces the entry about the same person and subject as its new content). docs/TRAINING.md measures them."""
 
     def schema(self) -> MemorySchema:
         """The memory layout these settings describe."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from memalpha.config import SHADOWED_CONFLICT_CREDIT, RewardConfig
 from memalpha.data.schema import Question
 from memalpha.metrics import normalize_answer, score_answer
-from memalpha.text import MONTH_ABBREVIATIONS, MONTHS, WEEKDAYS, tokenize
+from memalpha.text import MONTH_ABBREVIATIONS, MONTHS, WEEKDAYS, keeps_subject, tokenize
 from memalpha.tools import ToolResult
 
 if TYPE_CHECKING:
@@ -34,10 +34,6 @@ NEAR_DUPLICATE = 0.8
 """Jaccard similarity of content words above which two entries say the same thing."""
 SAME_SUBJECT = 0.6
 """Share of an entry's content words found in another entry above which the other covers its subject."""
-UPDATE_SHARED_WORDS = 2
-"""Content words (reported speech and dates aside) an update must share with the entry it replaces: the
-rule writer's updates do in 95% of cases (its change announcements name the person and the attribute),
-in 88% of its warm start's updates (most overwrite an unrelated fact) they do not (docs/REWARDS.md)."""
 
 
 @dataclass
@@ -117,24 +113,11 @@ def _containment(part: set[str], whole: set[str]) -> float:
     return len(part & whole) / len(part) if part else 0.0
 
 
-_NOT_A_SUBJECT = frozenset(tokenize(" ".join(("said", *MONTHS))))
-
-
-def _subject_words(text: str) -> set[str]:
-    return {w for w in _words(text) if w not in _NOT_A_SUBJECT and not w.isdigit()}
-
-
 def is_entry_update(result: ToolResult) -> bool:
     """An executed update of a list entry (a paragraph has no entry id: it is rewritten whole; a missed
     text-addressed update that was inserted replaced nothing)."""
     return (result.ok and result.name == "memory_update" and result.entry_id is not None
             and result.previous_content is not None)
-
-
-def keeps_subject(previous: str, new: str) -> bool:
-    """An update of a list entry is about what it replaces: the two share `UPDATE_SHARED_WORDS` content
-    words. Otherwise it overwrites one fact with an unrelated one, an insert that destroys a fact."""
-    return len(_subject_words(previous) & _subject_words(new)) >= UPDATE_SHARED_WORDS
 
 
 def overwritten_unrelated(results: Sequence[ToolResult]) -> str:

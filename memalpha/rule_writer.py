@@ -232,14 +232,17 @@ class RuleWriter:
         return calls
 
     def _updates(self, after: MemoryStore, updated: dict[str, str], sections: dict[str, str], chunk_text: str) -> list[dict]:
-        """memory_update calls writing `updated[id]` over each entry, named as the schema's entry_address says,
-        each applied to `after` (a text address must be unique in the memory the call meets)."""
-        by_id = self.schema.entry_address == "id"
-        speakers = set() if by_id or not updated else {u.speaker.lower() for u in self.utterances(chunk_text) if u.speaker}
+        """memory_update calls writing `updated[id]` over each entry, named as the schema's entry_address says
+        (under `subject` named by nothing: the store finds what the new content is about), each applied to
+        `after` (a text address must be unique in the memory the call meets)."""
+        address = self.schema.entry_address
+        speakers = set() if address != "text" or not updated else {u.speaker.lower() for u in self.utterances(chunk_text) if u.speaker}
         calls = []
         for key, content in updated.items():
-            if by_id:
+            if address == "id":
                 calls.append(_call("memory_update", memory_type=sections[key], memory_id=key, new_content=content))
+            elif address == "subject":
+                calls.append(_call("memory_update", memory_type=sections[key], new_content=content))
             else:
                 fragment = text_address(after, sections[key], key, chunk_text, speakers)
                 calls.append(_call("memory_update", memory_type=sections[key], old_content=fragment, new_content=content))

@@ -23,10 +23,11 @@ from memalpha.data.schema import Instance
 from memalpha.episode import Episode
 from memalpha.generation import MIN_SHARED_PREFIX, generate, keep_last
 from memalpha.parsing import NOTHING_TO_STORE, parse_tool_calls
-from memalpha.rewards import is_entry_update, keeps_subject
+from memalpha.rewards import is_entry_update
+from memalpha.text import keeps_subject
 from memalpha.rule_writer import rule_writer_for
 from memalpha.tokens import tokenizer_counter
-from memalpha.tools import ADDRESS_ARGUMENT
+from memalpha.memory.schema import MemorySchema
 
 
 @dataclass
@@ -44,11 +45,8 @@ class Demonstration:
     def nothing_to_store(self) -> bool:
         return self.completion.strip() == NOTHING_TO_STORE
 
-    @property
-    def updates_entry(self) -> bool:
-        """The completion rewrites a stored list entry (what a conflicting chunk needs)."""
-        return any(call.name == "memory_update" and any(call.arguments.get(a) for a in ADDRESS_ARGUMENT.values())
-                   for call in parse_tool_calls(self.completion).calls)
+    updates_entry: bool = False
+    """The completion rewrites a stored list entry (what a conflicting chunk needs)."""
 
 
 @dataclass
@@ -146,6 +144,13 @@ def _labelled_sample(instances: list[Instance], policy_completions: list[list[st
     return chosen
 
 
+def _updates_entry(completion: str, schema: MemorySchema) -> bool:
+    """`completion` calls memory_update on a list section."""
+    lists = {spec.name for spec in schema.list_sections}
+    return any(call.name == "memory_update" and call.arguments.get("memory_type") in lists
+               for call in parse_tool_calls(completion).calls)
+
+
 def _label_states(instances: list[Instance], policy_completions: list[list[str]] | None, config: RunConfig, tokenizer,
                   stats: DemoStats) -> tuple[list[Demonstration], list[Demonstration]]:
     """Walk each instance's episode, labelling the state before every chunk with the rule writer's
@@ -170,7 +175,8 @@ def _label_states(instances: list[Instance], policy_completions: list[list[str]]
             prompt = episode.prompt()
             label = writer.write(episode.chunk_text, episode.store, episode.visible_ids())
             demo = Demonstration(prompt, label, instance.instance_id, episode.position,
-                                 counter(prompt), counter(label) + 1)  # + the end-of-turn token
+                                 counter(prompt), counter(label) + 1,  # + the end-of-turn token
+                                 _updates_entry(label, schema))
             stats.chunks += 1
             if demo.prompt_tokens + demo.completion_tokens > max_length:
                 stats.too_long += 1

@@ -28,3 +28,31 @@ def tokenize(text: str) -> list[str]:
     the terms BM25 indexes and the words the rule judge compares."""
     words = [w for w in _WORD.findall(text.lower()) if w not in _STOPWORDS]
     return _STEMMER.stemWords(words)
+
+
+_NOT_A_SUBJECT = frozenset(tokenize(" ".join(("said", *MONTHS))))
+_NOT_A_NAME = frozenset((*STOPWORDS_EN, *MONTHS, *WEEKDAYS))
+_CAPITALISED = re.compile(r"\b[A-Z][A-Za-z-]*")
+
+
+def subject_words(text: str) -> set[str]:
+    """The words that say what a statement is about: `tokenize`'s, without reported speech, months and numbers."""
+    return {w for w in tokenize(text) if w not in _NOT_A_SUBJECT and not w.isdigit()}
+
+
+UPDATE_SHARED_WORDS = 2
+"""Subject words an update must share with the entry it replaces: the rule writer's updates do in 95% of
+cases (its change announcements name the person and the attribute), 88% of its warm start's updates (most
+overwrite an unrelated fact) do not (docs/REWARDS.md)."""
+
+
+def keeps_subject(previous: str, new: str) -> bool:
+    """An update of a list entry is about what it replaces: the two share `UPDATE_SHARED_WORDS` subject
+    words. Otherwise it overwrites one fact with an unrelated one, an insert that destroys a fact."""
+    return len(subject_words(previous) & subject_words(new)) >= UPDATE_SHARED_WORDS
+
+
+def proper_names(text: str) -> list[str]:
+    """Capitalised words that are not stopwords, months or weekdays (people and places), in order; a
+    possessive names its owner ("Umar's" -> "Umar")."""
+    return [w for w in _CAPITALISED.findall(text) if w.lower() not in _NOT_A_NAME]

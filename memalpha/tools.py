@@ -1,8 +1,9 @@
 """The writer's three memory tools: definitions (OpenAI tool format), calls, results and execution.
 
 Only `memory_insert`, `memory_update` and `memory_delete` are ever executed. An update or delete names its
-list entry by `memory_id` or by `old_content`, as the memory schema's `entry_address` says; an update whose
-`old_content` names no single entry adds its new content instead (Mem0's ADD). Arguments are checked
+list entry by `memory_id` or by `old_content`, as the memory schema's `entry_address` says; under `subject`
+an update names none and replaces the entry its new content is about (`MemoryStore.find_by_subject`). An
+update that finds no single entry by words or subject adds its new content instead (Mem0's ADD). Arguments are checked
 strictly against the definitions (no aliases): a missing, unexpected or mistyped argument is a failed
 call (BAD_ARGUMENTS) whose message names the argument. Every failure leaves the memory unchanged.
 """
@@ -27,20 +28,27 @@ __all__ = [
     "execute_calls",
     "execute_text",
     "tool_schemas",
+    "updates_by_subject",
 ]
 
 TOOL_NAMES = ("memory_insert", "memory_update", "memory_delete")
 
-ADDRESS_ARGUMENT = {"id": "memory_id", "text": "old_content"}
-"""The argument naming the list entry to update or delete, by `MemorySchema.entry_address`."""
+ADDRESS_ARGUMENT = {"id": "memory_id", "text": "old_content", "subject": "old_content"}
+"""The argument naming the list entry to delete, and to update unless `MemorySchema.entry_address` is `subject`."""
 
 
-def _arguments(name: str, address: str) -> tuple[frozenset[str], tuple[str, ...]] | None:
+def updates_by_subject(schema: MemorySchema) -> bool:
+    """Updates name no entry: each replaces the one its new content is about."""
+    return schema.entry_address == "subject"
+
+
+def _arguments(name: str, address: str, by_subject: bool) -> tuple[frozenset[str], tuple[str, ...]] | None:
     """(allowed arguments, arguments that must be present and non-null) of a tool, or None if unknown."""
     if name == "memory_insert":
         return frozenset({"memory_type", "content"}), ("memory_type", "content")
     if name == "memory_update":
-        return frozenset({"memory_type", address, "new_content"}), ("memory_type", "new_content")
+        allowed = {"memory_type", "new_content"} if by_subject else {"memory_type", address, "new_content"}
+        return frozenset(allowed), ("memory_type", "new_content")
     if name == "memory_delete":
         return frozenset({"memory_type", address}), ("memory_type", address)
     return None
@@ -114,7 +122,8 @@ def tool_schemas(schema: MemorySchema = MEMALPHA_SCHEMA) -> list[dict[str, Any]]
     list_names = [s.name for s in schema.list_sections]
     paragraph_names = [s.name for s in schema.paragraph_sections]
     example_id = f"{schema.list_sections[0].prefix}-3" if schema.list_sections else "id-3"
-    rewrite_note = f" ({', '.join(paragraph_names)} is rewritten as a whole; no {ADDRESS_ARGUMENT[schema.entry_address]})" if paragraph_names else ""
+    no_address = "" if updates_by_subject(schema) else f"; no {ADDRESS_ARGUMENT[schema.entry_address]}"
+    rewrite_note = f" ({', '.join(paragraph_names)} is rewritten as a whole{no_address})" if paragraph_names else ""
 
     def function(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
         return {
@@ -133,6 +142,14 @@ def tool_schemas(schema: MemorySchema = MEMALPHA_SCHEMA) -> list[dict[str, Any]]
         target = {"type": "string", "description": f"Id of an existing entry, as shown in the memory (e.g. '{example_id}')."}
     else:
         target = {"type": "string", "description": "Words of an existing entry that no other entry of the list contains (or its whole text)."}
+    new_content = {"type": "string", "description": "The complete new text."}
+    if updates_by_subject(schema):
+        update_description = ("Replace the list entry about the same person and subject as the new content (none: it is "
+                              "added), or rewrite a paragraph memory" + rewrite_note + ".")
+        update_properties = {"memory_type": any_type, "new_content": new_content}
+    else:
+        update_description = f"Replace the content of an existing list entry, given its {address}, or rewrite a paragraph memory" + rewrite_note + "."
+        update_properties = {"memory_type": any_type, address: target, "new_content": new_content}
     return [
         function(
             "memory_insert",
@@ -140,16 +157,7 @@ def tool_schemas(schema: MemorySchema = MEMALPHA_SCHEMA) -> list[dict[str, Any]]
             {"memory_type": list_type, "content": {"type": "string", "description": "The text of the new entry."}},
             ["memory_type", "content"],
         ),
-        function(
-            "memory_update",
-            f"Replace the content of an existing list entry, given its {address}, or rewrite a paragraph memory" + rewrite_note + ".",
-            {
-                "memory_type": any_type,
-                address: target,
-                "new_content": {"type": "string", "description": "The complete new text."},
-            },
-            ["memory_type", "new_content"],
-        ),
+        function("memory_update", update_description, update_properties, ["memory_type", "new_content"]),
         function(
             "memory_delete",
             f"Delete an outdated or wrong entry from a list memory, given its {address}.",
@@ -181,7 +189,8 @@ def _insert_missed_update(store: MemoryStore, memory_type: str, content: str, ch
 def execute_call(store: MemoryStore, call: ToolCall, chunk: int) -> ToolResult:
     """Validate one call against the tool definitions and apply it to `store`."""
     address = ADDRESS_ARGUMENT[store.schema.entry_address]
-    spec = _arguments(call.name, address)
+    by_subject = updates_by_subject(store.schema)
+    spec = _arguments(call.name, address, by_subject)
     if spec is None:
         return _failure(call, FailureReason.UNKNOWN_TOOL, f"unknown tool {call.name!r} (tools: {', '.join(TOOL_NAMES)})")
     args = call.arguments
@@ -206,7 +215,12 @@ def execute_call(store: MemoryStore, call: ToolCall, chunk: int) -> ToolResult:
     section = store.spec(memory_type)
     is_list = section is not None and section.is_list
     memory_id = args.get(address)
-    if call.name != "memory_insert" and is_list:
+    if call.name == "memory_update" and is_list and by_subject:
+        entry, error = store.find_by_subject(memory_type, args["new_content"])
+        if error:
+            return ToolResult(call, _insert_missed_update(store, memory_type, args["new_content"], chunk, error), memory_type)
+        memory_id = entry.id
+    elif call.name != "memory_insert" and is_list:
         if memory_id is None:
             return _failure(call, FailureReason.BAD_ARGUMENTS, f"missing argument {address!r} for {call.name} on {memory_type}", memory_type)
         if not isinstance(memory_id, str):

@@ -27,14 +27,15 @@ def tokenizer():
     return build_tiny()[1]
 
 
-@pytest.mark.parametrize("address, argument", [("id", "memory_id"), ("text", "old_content")])
-def test_system_prompt_examples_parse_and_use_only_placeholders(address, argument):
+@pytest.mark.parametrize("address, argument, update_names_entry",
+                         [("id", "memory_id", True), ("text", "old_content", True), ("subject", "old_content", False)])
+def test_system_prompt_examples_parse_and_use_only_placeholders(address, argument, update_names_entry):
     prompt = writer_system_prompt(get_schema("memalpha", entry_address=address))
     example_lines = [line for line in prompt.splitlines() if line.startswith("{")]
     parsed = parse_tool_calls("\n".join(example_lines))
     assert [c.name for c in parsed.calls] == ["memory_insert", "memory_update", "memory_delete"]
     # the tool argument names are the executed ones
-    assert set(parsed.calls[1].arguments) == {"memory_type", argument, "new_content"}
+    assert set(parsed.calls[1].arguments) == {"memory_type", "new_content"} | ({argument} if update_names_entry else set())
     assert set(parsed.calls[2].arguments) == {"memory_type", argument}
     # abstract placeholders only: copying them into memory fails the store's checks or the judge's
     contents = [v for c in parsed.calls for k, v in c.arguments.items() if k in ("content", "new_content", argument)]

@@ -18,11 +18,11 @@ from memalpha.rewards import (
     fits_memory_type,
     is_meta,
     is_placeholder,
-    keeps_subject,
     llm_verdicts,
     rule_judge,
     rule_verdicts,
 )
+from memalpha.text import keeps_subject
 from memalpha.tools import execute_text
 
 CFG = RewardConfig(beta=0.05, gamma=0.1)

@@ -138,6 +138,25 @@ def test_on_synthetic_data_text_and_id_addressing_make_the_same_updates():
     assert len(updated["id"]) >= 12 and updated["text"] == updated["id"]
 
 
+def test_on_synthetic_data_subject_updates_mostly_replace_the_entries_ids_name():
+    # the store finds what an update is about; where it finds nothing the new value is inserted beside the old
+    instances = generate(SynthConfig(instances=12, chunks_per_instance=(4,), chunk_tokens=512,
+                                     competencies=("conflict_resolution",), seed=3))
+    updated = {}
+    for address in ("id", "subject"):
+        schema = get_schema("memalpha", entry_address=address)
+        writer, updated[address] = RuleWriter(schema, max_completion_tokens=10_000), set()
+        for instance in instances:
+            store = MemoryStore(schema)
+            for t, chunk in enumerate(instance.chunks):
+                text, _, results = run(writer, store, chunk, t)
+                if address == "subject":
+                    assert all("old_content" not in c.arguments for c in parse_tool_calls(text).calls)
+                updated[address] |= {(instance.instance_id, r.entry_id, r.content) for r in results
+                                     if r.name == "memory_update" and r.memory_type == "semantic" and r.previous_content}
+    assert len(updated["id"]) >= 12 and len(updated["id"] & updated["subject"]) >= 0.85 * len(updated["id"])
+
+
 def test_two_changes_in_one_chunk_keep_only_the_latest():
     store = MemoryStore(MEMALPHA_SCHEMA)
     chunk = HEADER + "Rhea: Sold the teal hatchback, I drive a red camper van now.\nRhea: Sold the red camper van, I drive a orange motorbike now."

@@ -229,3 +229,60 @@ def test_text_addressed_tool_schemas_ask_for_old_content():
     update = by_name["memory_update"]["parameters"]
     assert "old_content" in update["properties"] and "memory_id" not in update["properties"]
     assert by_name["memory_delete"]["parameters"]["required"] == ["memory_type", "old_content"]
+
+
+# ---- updates that name no entry (entry_address "subject") ----------------------------------------
+
+
+def subject_store():
+    store = MemoryStore(get_schema("memalpha", entry_address="subject"))
+    run(store,
+        call("memory_insert", memory_type="semantic", content="Gwen lives in Porto these days."),
+        call("memory_insert", memory_type="semantic", content="Umar lives in Porto too."),
+        call("memory_insert", memory_type="semantic", content="The gate code at Umar's building is 1450."),
+        call("memory_insert", memory_type="semantic", content="Nico said that New gate code: 9901 (the old 9595 stopped working)."))
+    return store
+
+
+def test_a_subject_update_replaces_the_entry_about_the_same_person_and_subject():
+    store = subject_store()
+    moved, code = run(
+        store,
+        call("memory_update", memory_type="semantic", new_content="Gwen doesn't live in Porto anymore, Gwen lives in Braga now."),
+        # Nico's entry shares more words ("new", "gate", "code", "old"...) but is not about Umar
+        call("memory_update", memory_type="semantic", new_content="Umar said that they changed the gate code from 1450 to 5384."),
+    )
+    assert moved.ok and moved.entry_id == "sem-1" and moved.previous_content == "Gwen lives in Porto these days."
+    assert code.ok and code.entry_id == "sem-3" and code.previous_content == "The gate code at Umar's building is 1450."
+    assert [e.content for e in store.entries("semantic")][1] == "Umar lives in Porto too."
+    assert is_entry_update(moved) and rule_judge(moved)
+
+
+def test_a_subject_update_about_nothing_stored_is_inserted_and_names_are_rejected():
+    store = subject_store()
+    before = store.to_json()
+    by_id, by_words = run(
+        store,
+        call("memory_update", memory_type="semantic", memory_id="sem-1", new_content="Gwen lives in Braga."),
+        call("memory_update", memory_type="semantic", old_content="Porto", new_content="Gwen lives in Braga."),
+    )
+    assert by_id.reason == by_words.reason == FailureReason.BAD_ARGUMENTS and "unexpected argument" in by_id.message
+    assert store.to_json() == before
+    new_person, same_person_other_subject = run(
+        store,
+        call("memory_update", memory_type="semantic", new_content="Ulla works as a florist."),
+        call("memory_update", memory_type="semantic", new_content="Gwen plays the oboe."),  # shares only "Gwen"
+    )
+    assert new_person.ok and new_person.previous_content is None and "no entry of semantic names" in new_person.message
+    assert same_person_other_subject.ok and same_person_other_subject.entry_id == "sem-6"
+    assert len(store.entries("semantic")) == 6 and not is_entry_update(new_person)
+    deleted, core = run(store, call("memory_delete", memory_type="semantic", old_content="Braga"),
+                        call("memory_update", memory_type="core", new_content="Gwen and Umar talk."))
+    assert deleted.reason == FailureReason.UNKNOWN_ID and core.ok  # deletes name entries by their words
+
+
+def test_subject_addressed_tool_schemas_update_without_naming_an_entry():
+    by_name = {t["function"]["name"]: t["function"] for t in tool_schemas(get_schema("memalpha", entry_address="subject"))}
+    update = by_name["memory_update"]["parameters"]
+    assert set(update["properties"]) == {"memory_type", "new_content"} and update["required"] == ["memory_type", "new_content"]
+    assert by_name["memory_delete"]["parameters"]["required"] == ["memory_type", "old_content"]

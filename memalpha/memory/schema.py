@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
 SectionKind = Literal["paragraph", "list"]
-EntryAddress = Literal["id", "text"]
+EntryAddress = Literal["id", "text", "subject"]
 ENTRY_ADDRESSES: tuple[EntryAddress, ...] = get_args(EntryAddress)
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -67,7 +67,9 @@ class MemorySchema:
     `memory_id`, e.g. `sem-3`) or `text` (`old_content`: words of the entry, matched as in
     `MemoryStore.find_by_text`), which a small writer can copy from the chunk instead of looking up an id.
     With `text`, views show entries without ids (nothing to copy by mistake) and an update whose words name
-    no single entry inserts its new content (`memalpha.tools`).
+    no single entry inserts its new content (`memalpha.tools`). `subject` deletes as `text` does, but an
+    update names no entry: it replaces the one its new content is about (`MemoryStore.find_by_subject`),
+    so a writer that cannot aim at an entry only decides that a fact changed and states the new one.
     """
 
     name: str

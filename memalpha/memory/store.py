@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from memalpha.memory.schema import MemorySchema, SectionSpec
+from memalpha.text import UPDATE_SHARED_WORDS, proper_names, subject_words
 from memalpha.tokens import TokenCounter, regex_token_count
 
 Event = Literal["insert", "update", "delete"]
@@ -284,6 +285,29 @@ class MemoryStore:
             return None, _fail(FailureReason.UNKNOWN_ID, f"no entry of {section} contains {fragment!r}")
         ids = ", ".join(e.id for e in matches)
         return None, _fail(FailureReason.AMBIGUOUS, f"{fragment!r} matches {len(matches)} entries of {section} ({ids}): quote more of the one to change")
+
+    def find_by_subject(self, section: str, content: Any) -> tuple[Entry | None, OpResult | None]:
+        """The entry of a list section that a new statement `content` is about: one naming a person or place
+        it names (`proper_names`) and sharing `UPDATE_SHARED_WORDS` subject words with it (`keeps_subject`).
+        Entries naming its first name come first, then those sharing the most words, the newest on ties.
+        None is a failed result (UNKNOWN_ID) saying so."""
+        spec = self.spec(section)
+        if spec is None:
+            return None, self._unknown_section(section)
+        if not spec.is_list:
+            return None, _fail(FailureReason.WRONG_MEMORY_TYPE, f"{section} is a paragraph: it has no entries to replace")
+        text = content if isinstance(content, str) else ""
+        names, words = proper_names(text), subject_words(text)
+        best, best_rank = None, None
+        for entry in reversed(self._entries[section].values()):
+            theirs = set(proper_names(entry.content))
+            shared = len(words & subject_words(entry.content))
+            rank = (names[0] in theirs, shared) if names else None
+            if rank and theirs & set(names) and shared >= UPDATE_SHARED_WORDS and (best_rank is None or rank > best_rank):
+                best, best_rank = entry, rank
+        if best is None:
+            return None, _fail(FailureReason.UNKNOWN_ID, f"no entry of {section} names whom or what {text!r} is about")
+        return best, None
 
     def update(self, section: str, entry_id: str | None, content: str, chunk: int) -> OpResult:
         """Replace an entry's content (list) or rewrite a paragraph (entry_id is ignored there)."""
