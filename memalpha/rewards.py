@@ -124,8 +124,8 @@ def overwritten_unrelated(results: Sequence[ToolResult]) -> str:
     """What this step's misaimed updates overwrote (list-entry updates that do not `keeps_subject`), one line
     each: an unrelated overwrite that removes a superseded value has not resolved the conflict, so the
     conflict credit still reads those lines as stored."""
-    return "\n".join(r.previous_content or "" for r in results
-                     if is_entry_update(r) and not keeps_subject(r.previous_content or "", r.content or ""))
+    misaimed = [r for r in results if is_entry_update(r) and not keeps_subject(r.previous_content, r.content or "")]
+    return "\n".join(r.previous_content for r in misaimed)  # is_entry_update: previous_content is set
 
 
 def _id_number(entry_id: str | None) -> int:

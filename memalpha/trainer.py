@@ -352,7 +352,7 @@ class Trainer:
         if not micro:
             return {**stats, "skipped": float(n_seq - len(keep))}
         old: list[torch.Tensor] = []
-        ref: list[torch.Tensor | None] = []
+        ref = self._reference_logps(samples, micro) if cfg.kl_beta else [None] * len(micro)
         model.train()
         try:
             for iteration in range(cfg.num_iterations):
@@ -365,7 +365,6 @@ class Trainer:
                                                        prefix=prefix if shared else None)
                     if first:
                         old.append(logps.detach())
-                        ref.append(self._ref_logps(rows, shared) if cfg.kl_beta else None)
                         stats["entropy"] += float((entropy * mask).sum())
                         stats["logp_diff"] += _sampling_gap(rows, logps.detach())
                         stats["first_tokens"] += float(mask.sum())
@@ -433,10 +432,13 @@ class Trainer:
         return logps, entropy, mask
 
     @torch.no_grad()
-    def _ref_logps(self, rows: list[Sample], shared: bool) -> torch.Tensor:
+    def _reference_logps(self, samples: list[Sample], micro: list[tuple[list[int], bool]]) -> list[torch.Tensor]:
+        """Completion log-probs of the KL reference for each micro-batch, with the prefix the groups share run once."""
         policy = self.policy
         with policy.adapters_disabled() if self.reference is None else policy.using_adapter_weights(self.reference):
-            return self._logps(rows, shared)[0]
+            prefix = self._shared_prefix(samples, micro)
+            return [self._logps([samples[i] for i in chosen], shared, prefix=prefix if shared else None)[0]
+                    for chosen, shared in micro]
 
     def _metrics(self, batch: RolloutBatch, rewards, groups, zero_std, update: dict[str, float]) -> dict[str, float]:
         samples = batch.samples
