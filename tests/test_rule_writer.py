@@ -122,38 +122,39 @@ def test_text_addressed_updates_quote_the_changed_value_and_change_the_same_entr
     assert "Graz" in store.entries("semantic")[0].content and "florist" in store.entries("semantic")[1].content
 
 
+def synthetic_conflict_steps(address: str):
+    """(instance id, completion, results) for each chunk the rule writer writes, entries named by `address`,
+    over 12 synthetic conflict-resolution conversations."""
+    schema = get_schema("memalpha", entry_address=address)
+    writer = RuleWriter(schema, max_completion_tokens=10_000)
+    for instance in generate(SynthConfig(instances=12, chunks_per_instance=(4,), chunk_tokens=512,
+                                         competencies=("conflict_resolution",), seed=3)):
+        store = MemoryStore(schema)
+        for t, chunk in enumerate(instance.chunks):
+            text, _, results = run(writer, store, chunk, t)
+            yield instance.instance_id, text, results
+
+
 def test_on_synthetic_data_text_and_id_addressing_make_the_same_updates():
-    instances = generate(SynthConfig(instances=12, chunks_per_instance=(4,), chunk_tokens=512,
-                                     competencies=("conflict_resolution",), seed=3))
     updated = {}
     for address in ("id", "text"):
-        schema = get_schema("memalpha", entry_address=address)
-        writer, updated[address] = RuleWriter(schema, max_completion_tokens=10_000), []
-        for instance in instances:
-            store = MemoryStore(schema)
-            for t, chunk in enumerate(instance.chunks):
-                results = run(writer, store, chunk, t)[2]
-                assert all(r.ok for r in results if r.name == "memory_update")
-                updated[address] += [(r.entry_id, r.content) for r in results if r.name == "memory_update" and r.entry_id]
+        updated[address] = []
+        for _, _, results in synthetic_conflict_steps(address):
+            assert all(r.ok for r in results if r.name == "memory_update")
+            updated[address] += [(r.entry_id, r.content) for r in results if r.name == "memory_update" and r.entry_id]
     assert len(updated["id"]) >= 12 and updated["text"] == updated["id"]
 
 
 def test_on_synthetic_data_subject_updates_mostly_replace_the_entries_ids_name():
     # the store finds what an update is about; where it finds nothing the new value is inserted beside the old
-    instances = generate(SynthConfig(instances=12, chunks_per_instance=(4,), chunk_tokens=512,
-                                     competencies=("conflict_resolution",), seed=3))
     updated = {}
     for address in ("id", "subject"):
-        schema = get_schema("memalpha", entry_address=address)
-        writer, updated[address] = RuleWriter(schema, max_completion_tokens=10_000), set()
-        for instance in instances:
-            store = MemoryStore(schema)
-            for t, chunk in enumerate(instance.chunks):
-                text, _, results = run(writer, store, chunk, t)
-                if address == "subject":
-                    assert all("old_content" not in c.arguments for c in parse_tool_calls(text).calls)
-                updated[address] |= {(instance.instance_id, r.entry_id, r.content) for r in results
-                                     if r.name == "memory_update" and r.memory_type == "semantic" and r.previous_content}
+        updated[address] = set()
+        for instance_id, text, results in synthetic_conflict_steps(address):
+            if address == "subject":
+                assert all("old_content" not in c.arguments for c in parse_tool_calls(text).calls)
+            updated[address] |= {(instance_id, r.entry_id, r.content) for r in results
+                                 if r.name == "memory_update" and r.memory_type == "semantic" and r.previous_content}
     assert len(updated["id"]) >= 12 and len(updated["id"] & updated["subject"]) >= 0.85 * len(updated["id"])
 
 
