@@ -266,7 +266,7 @@ def extraction_metrics(policy, probes: list[Probe], max_new_tokens: int) -> dict
     explicit skip), `evidence_recall` (mean coverage support of the gold facts of evidence chunks),
     `skip_accuracy` (share of chunks where the writer skipped exactly when the chunk holds no evidence),
     `updates` (list-entry updates a chunk) and `update_aim` (share of them that keep the subject of the entry
-    they replace, `rewards.keeps_subject`; 1 when there were none, as none missed)."""
+    they replace, `text.keeps_subject`; 1 when there were none, as none missed)."""
     tokenizer = policy.tokenizer
     ids = [tokenizer(p.episode.prompt(), add_special_tokens=False)["input_ids"] for p in probes]
     eos = [tokenizer.eos_token_id] + ([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else [])

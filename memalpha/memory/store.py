@@ -299,11 +299,13 @@ class MemoryStore:
         text = content if isinstance(content, str) else ""
         names, words = proper_names(text), subject_words(text)
         best, best_rank = None, None
-        for entry in reversed(self._entries[section].values()):
+        for entry in reversed(self._entries[section].values()) if names else ():
             theirs = set(proper_names(entry.content))
             shared = len(words & subject_words(entry.content))
-            rank = (names[0] in theirs, shared) if names else None
-            if rank and theirs & set(names) and shared >= UPDATE_SHARED_WORDS and (best_rank is None or rank > best_rank):
+            if not theirs & set(names) or shared < UPDATE_SHARED_WORDS:
+                continue
+            rank = (names[0] in theirs, shared)
+            if best_rank is None or rank > best_rank:  # newest first: an older entry must rank higher
                 best, best_rank = entry, rank
         if best is None:
             return None, _fail(FailureReason.UNKNOWN_ID, f"no entry of {section} names whom or what {text!r} is about")
