@@ -22,12 +22,12 @@ from memalpha.config import RunConfig, SFTConfig, step_would_overrun
 from memalpha.data.schema import Instance
 from memalpha.episode import Episode
 from memalpha.generation import MIN_SHARED_PREFIX, generate, keep_last
+from memalpha.memory.schema import MemorySchema
 from memalpha.parsing import NOTHING_TO_STORE, parse_tool_calls
 from memalpha.rewards import is_entry_update
-from memalpha.text import keeps_subject
 from memalpha.rule_writer import rule_writer_for
+from memalpha.text import keeps_subject
 from memalpha.tokens import tokenizer_counter
-from memalpha.memory.schema import MemorySchema
 
 
 @dataclass

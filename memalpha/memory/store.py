@@ -286,7 +286,7 @@ class MemoryStore:
         ids = ", ".join(e.id for e in matches)
         return None, _fail(FailureReason.AMBIGUOUS, f"{fragment!r} matches {len(matches)} entries of {section} ({ids}): quote more of the one to change")
 
-    def find_by_subject(self, section: str, content: Any) -> tuple[Entry | None, OpResult | None]:
+    def find_by_subject(self, section: str, content: str) -> tuple[Entry | None, OpResult | None]:
         """The entry of a list section that a new statement `content` is about: one naming a person or place
         it names (`proper_names`) and sharing `UPDATE_SHARED_WORDS` subject words with it (`keeps_subject`).
         Entries naming its first name come first, then those sharing the most words, the newest on ties.
@@ -296,19 +296,19 @@ class MemoryStore:
             return None, self._unknown_section(section)
         if not spec.is_list:
             return None, _fail(FailureReason.WRONG_MEMORY_TYPE, f"{section} is a paragraph: it has no entries to replace")
-        text = content if isinstance(content, str) else ""
-        names, words = proper_names(text), subject_words(text)
+        names, words = proper_names(content), subject_words(content)
+        named = set(names)
         best, best_rank = None, None
         for entry in reversed(self._entries[section].values()) if names else ():
             theirs = set(proper_names(entry.content))
             shared = len(words & subject_words(entry.content))
-            if not theirs & set(names) or shared < UPDATE_SHARED_WORDS:
+            if not theirs & named or shared < UPDATE_SHARED_WORDS:
                 continue
             rank = (names[0] in theirs, shared)
             if best_rank is None or rank > best_rank:  # newest first: an older entry must rank higher
                 best, best_rank = entry, rank
         if best is None:
-            return None, _fail(FailureReason.UNKNOWN_ID, f"no entry of {section} names whom or what {text!r} is about")
+            return None, _fail(FailureReason.UNKNOWN_ID, f"no entry of {section} names whom or what {content!r} is about")
         return best, None
 
     def update(self, section: str, entry_id: str | None, content: str, chunk: int) -> OpResult:
