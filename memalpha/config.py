@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from memalpha.memory.schema import EntryAddress, MemorySchema, get_schema
+from memalpha.memory.schema import CallOrder, EntryAddress, MemorySchema, get_schema
 from memalpha.memory.views import WriterViewOrder
 
 DEFAULT_POLICY = "smollm2-135m-instruct"
@@ -52,10 +52,14 @@ class MemoryConfig(_Section):
     `text` (`old_content`, words of the entry; views then show no ids, and an update whose words name no
     single entry inserts its new content) or `subject` (deletes as `text`; an update names nothing and
     replaces the entry about the same person and subject as its new content). docs/TRAINING.md measures them."""
+    call_order: CallOrder = "name_first"
+    """How the writer spells a tool call: `name_first` (`{"name", "arguments"}`, the paper's) or
+    `statement_first` (`{"arguments", "name"}`, the text argument `content` for updates too): the writer
+    then decodes the statement before choosing insert or update (docs/TRAINING.md, run SF)."""
 
     def schema(self) -> MemorySchema:
         """The memory layout these settings describe."""
-        return get_schema(self.schema_name, self.core_max_tokens, self.entry_address)
+        return get_schema(self.schema_name, self.core_max_tokens, self.entry_address, self.call_order)
 
 
 class RetrievalConfig(_Section):

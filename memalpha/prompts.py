@@ -11,7 +11,7 @@ import re
 
 from memalpha.memory.schema import MemorySchema, SectionSpec
 from memalpha.parsing import NOTHING_TO_STORE
-from memalpha.tools import ADDRESS_ARGUMENT, updates_by_subject
+from memalpha.tools import ADDRESS_ARGUMENT, call_line, text_argument, updates_by_subject
 
 _PARENTHESES = re.compile(r"\s*\([^)]*\)")
 
@@ -27,8 +27,14 @@ def writer_system_prompt(schema: MemorySchema) -> str:
     sections = "\n".join(f"- {s.name} ({s.kind}): {_short(s)}" for s in schema.sections)
     list_name = schema.list_sections[0].name if schema.list_sections else "<section>"
     address = ADDRESS_ARGUMENT[schema.entry_address]
-    target = f'"{address}": "<id>"' if schema.entry_address == "id" else f'"{address}": "<words of the entry>"'
-    update_target = "" if updates_by_subject(schema) else f"{target}, "
+    target = {address: "<id>" if schema.entry_address == "id" else "<words of the entry>"}
+    update_target = {} if updates_by_subject(schema) else target
+    update_text = text_argument("memory_update", schema)
+    examples = "\n".join([
+        call_line(schema, "memory_insert", {"memory_type": list_name, "content": "<fact>"}),
+        call_line(schema, "memory_update", {"memory_type": list_name, **update_target, update_text: "<new fact>"}),
+        call_line(schema, "memory_delete", {"memory_type": list_name, **target}),
+    ])
     how = {"id": "", "text": ", named by words only it contains",
            "subject": ": the new fact replaces the entry about the same person and subject"}[schema.entry_address]
     core_note = "" if updates_by_subject(schema) else f" (no {address})"
@@ -37,9 +43,7 @@ def writer_system_prompt(schema: MemorySchema) -> str:
         "that could be asked about later.\n"
         f"Memory sections:\n{sections}\n"
         "Reply with tool calls only, one JSON object per line:\n"
-        f'{{"name": "memory_insert", "arguments": {{"memory_type": "{list_name}", "content": "<fact>"}}}}\n'
-        f'{{"name": "memory_update", "arguments": {{"memory_type": "{list_name}", {update_target}"new_content": "<new fact>"}}}}\n'
-        f'{{"name": "memory_delete", "arguments": {{"memory_type": "{list_name}", {target}}}}}\n'
+        f"{examples}\n"
         f"When a stored fact changes, update its entry{how}. Rewrite core with memory_update{core_note}.\n"
         f"If the chunk has nothing worth storing, reply with the single line {NOTHING_TO_STORE}"
     )

@@ -12,13 +12,12 @@ NOTHING_TO_STORE. A sentence announcing a change ("moved from X to Y", "no longe
 updates the visible entry it shares words with (conflict resolution) instead of adding a second copy.
 A short core paragraph names the speakers and their current home and job.
 
-Output: JSON lines in the exact format the writer prompt teaches, most valuable calls first, cut to a
-completion budget.
+Output: JSON lines in the exact format the writer prompt teaches (the schema's `call_order`), most
+valuable calls first, cut to a completion budget.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -29,7 +28,7 @@ from memalpha.memory.store import EDGE_PUNCTUATION, MemoryStore, contains_words,
 from memalpha.parsing import NOTHING_TO_STORE, ToolCall
 from memalpha.text import MONTHS, WEEKDAYS
 from memalpha.tokens import TokenCounter, regex_token_count
-from memalpha.tools import execute_call
+from memalpha.tools import call_line, execute_call, text_argument
 
 if TYPE_CHECKING:
     from memalpha.config import RunConfig
@@ -141,6 +140,7 @@ class RuleWriter:
         self._fact_section = "semantic" if "semantic" in lists else lists[0]
         self._event_section = "episodic" if "episodic" in lists else self._fact_section
         self._has_core = "core" in schema.names and not schema.section("core").is_list
+        self._update_text = text_argument("memory_update", schema)
 
     # ---- reading the chunk ---------------------------------------------------------------------
 
@@ -228,7 +228,7 @@ class RuleWriter:
             execute_call(after, ToolCall("memory_insert", calls[-1]["arguments"]), 0)
         core = self._core(store, after, chunk_text)
         if core is not None:
-            calls.append(_call("memory_update", memory_type="core", new_content=core))
+            calls.append(_call("memory_update", memory_type="core", **{self._update_text: core}))
         return calls
 
     def _updates(self, after: MemoryStore, updated: dict[str, str], sections: dict[str, str], chunk_text: str) -> list[dict]:
@@ -240,12 +240,12 @@ class RuleWriter:
         calls = []
         for key, content in updated.items():
             if address == "id":
-                calls.append(_call("memory_update", memory_type=sections[key], memory_id=key, new_content=content))
+                calls.append(_call("memory_update", memory_type=sections[key], memory_id=key, **{self._update_text: content}))
             elif address == "subject":
-                calls.append(_call("memory_update", memory_type=sections[key], new_content=content))
+                calls.append(_call("memory_update", memory_type=sections[key], **{self._update_text: content}))
             else:
                 fragment = text_address(after, sections[key], key, chunk_text, speakers)
-                calls.append(_call("memory_update", memory_type=sections[key], old_content=fragment, new_content=content))
+                calls.append(_call("memory_update", memory_type=sections[key], old_content=fragment, **{self._update_text: content}))
             execute_call(after, ToolCall("memory_update", calls[-1]["arguments"]), 0)
         return calls
 
@@ -281,7 +281,7 @@ class RuleWriter:
         for call in planned:
             if len(lines) >= self.max_calls:
                 break
-            line = json.dumps(call, ensure_ascii=False)
+            line = call_line(self.schema, call["name"], call["arguments"])
             cost = self.count_tokens(line + "\n")
             if self.max_completion_tokens is not None and used + cost > self.max_completion_tokens:
                 continue  # a shorter, lower-priority call may still fit

@@ -6,10 +6,13 @@ an update names none and replaces the entry its new content is about (`MemorySto
 update that finds no single entry by words or subject adds its new content instead (Mem0's ADD). Arguments are checked
 strictly against the definitions (no aliases): a missing, unexpected or mistyped argument is a failed
 call (BAD_ARGUMENTS) whose message names the argument. Every failure leaves the memory unchanged.
+An update's new text is `new_content`, or `content` (as an insert's) when the schema's `call_order` is
+`statement_first`; `call_line` spells a call in that order.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,11 +25,13 @@ __all__ = [
     "TOOL_NAMES",
     "TOOL_SCHEMAS",
     "FailureReason",
+    "call_line",
     "ToolCall",
     "ToolResult",
     "execute_call",
     "execute_calls",
     "execute_text",
+    "text_argument",
     "tool_schemas",
     "updates_by_subject",
 ]
@@ -42,13 +47,26 @@ def updates_by_subject(schema: MemorySchema) -> bool:
     return schema.entry_address == "subject"
 
 
-def _arguments(name: str, address: str, by_subject: bool) -> tuple[frozenset[str], tuple[str, ...]] | None:
+def text_argument(name: str, schema: MemorySchema) -> str:
+    """The argument holding the text that call `name` writes under `schema`."""
+    return "new_content" if name == "memory_update" and schema.call_order == "name_first" else "content"
+
+
+def call_line(schema: MemorySchema, name: str, arguments: dict[str, Any]) -> str:
+    """One call as a JSON line, spelt in the schema's `call_order` (the writer prompt's format)."""
+    call = {"name": name, "arguments": arguments} if schema.call_order == "name_first" else {"arguments": arguments, "name": name}
+    return json.dumps(call, ensure_ascii=False)
+
+
+def _arguments(name: str, schema: MemorySchema) -> tuple[frozenset[str], tuple[str, ...]] | None:
     """(allowed arguments, arguments that must be present and non-null) of a tool, or None if unknown."""
+    address = ADDRESS_ARGUMENT[schema.entry_address]
     if name == "memory_insert":
         return frozenset({"memory_type", "content"}), ("memory_type", "content")
     if name == "memory_update":
-        allowed = {"memory_type", "new_content"} if by_subject else {"memory_type", address, "new_content"}
-        return frozenset(allowed), ("memory_type", "new_content")
+        text = text_argument(name, schema)
+        allowed = {"memory_type", text} if updates_by_subject(schema) else {"memory_type", address, text}
+        return frozenset(allowed), ("memory_type", text)
     if name == "memory_delete":
         return frozenset({"memory_type", address}), ("memory_type", address)
     return None
@@ -142,14 +160,15 @@ def tool_schemas(schema: MemorySchema = MEMALPHA_SCHEMA) -> list[dict[str, Any]]
         target = {"type": "string", "description": f"Id of an existing entry, as shown in the memory (e.g. '{example_id}')."}
     else:
         target = {"type": "string", "description": "Words of an existing entry that no other entry of the list contains (or its whole text)."}
+    update_text = text_argument("memory_update", schema)
     new_content = {"type": "string", "description": "The complete new text."}
     if updates_by_subject(schema):
         update_description = ("Replace the list entry about the same person and subject as the new content (none: it is "
                               "added), or rewrite a paragraph memory" + rewrite_note + ".")
-        update_properties = {"memory_type": any_type, "new_content": new_content}
+        update_properties = {"memory_type": any_type, update_text: new_content}
     else:
         update_description = f"Replace the content of an existing list entry, given its {address}, or rewrite a paragraph memory" + rewrite_note + "."
-        update_properties = {"memory_type": any_type, address: target, "new_content": new_content}
+        update_properties = {"memory_type": any_type, address: target, update_text: new_content}
     return [
         function(
             "memory_insert",
@@ -157,7 +176,7 @@ def tool_schemas(schema: MemorySchema = MEMALPHA_SCHEMA) -> list[dict[str, Any]]
             {"memory_type": list_type, "content": {"type": "string", "description": "The text of the new entry."}},
             ["memory_type", "content"],
         ),
-        function("memory_update", update_description, update_properties, ["memory_type", "new_content"]),
+        function("memory_update", update_description, update_properties, ["memory_type", update_text]),
         function(
             "memory_delete",
             f"Delete an outdated or wrong entry from a list memory, given its {address}.",
@@ -190,7 +209,7 @@ def execute_call(store: MemoryStore, call: ToolCall, chunk: int) -> ToolResult:
     """Validate one call against the tool definitions and apply it to `store`."""
     address = ADDRESS_ARGUMENT[store.schema.entry_address]
     by_subject = updates_by_subject(store.schema)
-    spec = _arguments(call.name, address, by_subject)
+    spec = _arguments(call.name, store.schema)
     if spec is None:
         return _failure(call, FailureReason.UNKNOWN_TOOL, f"unknown tool {call.name!r} (tools: {', '.join(TOOL_NAMES)})")
     args = call.arguments
@@ -208,7 +227,7 @@ def execute_call(store: MemoryStore, call: ToolCall, chunk: int) -> ToolResult:
     if not isinstance(memory_type, str):
         return _failure(call, FailureReason.BAD_ARGUMENTS, f"argument 'memory_type' must be a string, not {type(memory_type).__name__}")
     memory_type = memory_type.strip()
-    content_arg = "new_content" if call.name == "memory_update" else "content"
+    content_arg = text_argument(call.name, store.schema)
     if content_arg in args and not isinstance(args[content_arg], str):
         return _failure(call, FailureReason.BAD_ARGUMENTS, f"argument {content_arg!r} must be a string", memory_type)
 
@@ -216,9 +235,9 @@ def execute_call(store: MemoryStore, call: ToolCall, chunk: int) -> ToolResult:
     is_list = section is not None and section.is_list
     memory_id = args.get(address)
     if call.name == "memory_update" and is_list and by_subject:
-        entry, error = store.find_by_subject(memory_type, args["new_content"])
+        entry, error = store.find_by_subject(memory_type, args[content_arg])
         if error:
-            return ToolResult(call, _insert_missed_update(store, memory_type, args["new_content"], chunk, error), memory_type)
+            return ToolResult(call, _insert_missed_update(store, memory_type, args[content_arg], chunk, error), memory_type)
         memory_id = entry.id
     elif call.name != "memory_insert" and is_list:
         if memory_id is None:
@@ -228,7 +247,7 @@ def execute_call(store: MemoryStore, call: ToolCall, chunk: int) -> ToolResult:
         if address == "old_content":  # the store edits by id; the words only find the entry
             entry, error = store.find_by_text(memory_type, memory_id)
             if error and call.name == "memory_update" and error.reason in _MISSED_UPDATE_REASONS:
-                return ToolResult(call, _insert_missed_update(store, memory_type, args["new_content"], chunk, error), memory_type)
+                return ToolResult(call, _insert_missed_update(store, memory_type, args[content_arg], chunk, error), memory_type)
             if error:
                 return ToolResult(call, error, memory_type)
             memory_id = entry.id
@@ -236,7 +255,7 @@ def execute_call(store: MemoryStore, call: ToolCall, chunk: int) -> ToolResult:
     if call.name == "memory_insert":
         op = store.insert(memory_type, args["content"], chunk)
     elif call.name == "memory_update":
-        op = store.update(memory_type, memory_id, args["new_content"], chunk)
+        op = store.update(memory_type, memory_id, args[content_arg], chunk)
     else:
         op = store.delete(memory_type, memory_id, chunk)
     return ToolResult(call, op, memory_type)

@@ -26,6 +26,7 @@ def test_yaml_and_overrides_compose(tmp_path):
         ("reward.beta=-1", "reward.beta"),
         ("memory.schema_name=bogus", "memory.schema_name"),
         ("memory.entry_address=position", "memory.entry_address"),
+        ("memory.call_order=name_last", "memory.call_order"),
         ("grpo.loss_type=ppo", "grpo.loss_type"),
         ("rollout.nonexistent=3", "rollout.nonexistent"),
     ],

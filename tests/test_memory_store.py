@@ -343,3 +343,13 @@ def test_the_entry_address_survives_a_json_round_trip_and_defaults_to_ids():
     assert MemorySchema.from_dict({"name": "m", "sections": [{"name": "notes", "kind": "list"}]}).entry_address == "id"
     with pytest.raises(ValueError, match="entry_address"):
         get_schema("memalpha", entry_address="position")
+
+
+def test_the_call_order_survives_a_json_round_trip_and_defaults_to_name_first():
+    store = MemoryStore(get_schema("memalpha", call_order="statement_first"))
+    assert MemoryStore.from_json(store.to_json()).schema.call_order == "statement_first"
+    assert MemoryConfig(call_order="statement_first").schema().call_order == "statement_first"
+    assert "call_order" not in MEMALPHA_SCHEMA.to_dict()
+    assert MemorySchema.from_dict({"name": "m", "sections": [{"name": "notes", "kind": "list"}]}).call_order == "name_first"
+    with pytest.raises(ValueError, match="call_order"):
+        get_schema("memalpha", call_order="name_last")

@@ -27,15 +27,19 @@ def tokenizer():
     return build_tiny()[1]
 
 
+@pytest.mark.parametrize("call_order, update_text, first_key",
+                         [("name_first", "new_content", '{"name"'), ("statement_first", "content", '{"arguments"')])
 @pytest.mark.parametrize("address, argument, update_names_entry",
                          [("id", "memory_id", True), ("text", "old_content", True), ("subject", "old_content", False)])
-def test_system_prompt_examples_parse_and_use_only_placeholders(address, argument, update_names_entry):
-    prompt = writer_system_prompt(get_schema("memalpha", entry_address=address))
+def test_system_prompt_examples_parse_and_use_only_placeholders(address, argument, update_names_entry, call_order,
+                                                                update_text, first_key):
+    prompt = writer_system_prompt(get_schema("memalpha", entry_address=address, call_order=call_order))
     example_lines = [line for line in prompt.splitlines() if line.startswith("{")]
+    assert len(example_lines) == 3 and all(line.startswith(first_key) for line in example_lines)
     parsed = parse_tool_calls("\n".join(example_lines))
     assert [c.name for c in parsed.calls] == ["memory_insert", "memory_update", "memory_delete"]
     # the tool argument names are the executed ones
-    assert set(parsed.calls[1].arguments) == {"memory_type", "new_content"} | ({argument} if update_names_entry else set())
+    assert set(parsed.calls[1].arguments) == {"memory_type", update_text} | ({argument} if update_names_entry else set())
     assert set(parsed.calls[2].arguments) == {"memory_type", argument}
     # abstract placeholders only: copying them into memory fails the store's checks or the judge's
     contents = [v for c in parsed.calls for k, v in c.arguments.items() if k in ("content", "new_content", argument)]

@@ -122,10 +122,10 @@ def test_text_addressed_updates_quote_the_changed_value_and_change_the_same_entr
     assert "Graz" in store.entries("semantic")[0].content and "florist" in store.entries("semantic")[1].content
 
 
-def synthetic_conflict_steps(address: str):
-    """(instance id, completion, results) for each chunk the rule writer writes, entries named by `address`,
-    over 12 synthetic conflict-resolution conversations."""
-    schema = get_schema("memalpha", entry_address=address)
+def synthetic_conflict_steps(address: str, call_order: str = "name_first"):
+    """(instance id, completion, results) for each chunk the rule writer writes, entries named by `address`
+    and calls spelt in `call_order`, over 12 synthetic conflict-resolution conversations."""
+    schema = get_schema("memalpha", entry_address=address, call_order=call_order)
     writer = RuleWriter(schema, max_completion_tokens=10_000)
     for instance in generate(SynthConfig(instances=12, chunks_per_instance=(4,), chunk_tokens=512,
                                          competencies=("conflict_resolution",), seed=3)):
@@ -156,6 +156,22 @@ def test_on_synthetic_data_subject_updates_mostly_replace_the_entries_ids_name()
             updated[address] |= {(instance_id, r.entry_id, r.content) for r in results
                                  if r.name == "memory_update" and r.memory_type == "semantic" and r.previous_content}
     assert len(updated["id"]) >= 12 and len(updated["id"] & updated["subject"]) >= 0.85 * len(updated["id"])
+
+
+@pytest.mark.parametrize("address", ["id", "subject"])
+def test_statement_first_calls_spell_the_statement_before_the_name_and_write_the_same_memory(address):
+    name_first = list(synthetic_conflict_steps(address))
+    statement_first = list(synthetic_conflict_steps(address, "statement_first"))
+    updates = 0
+    for (_, text, results), (_, sf_text, sf_results) in zip(name_first, statement_first, strict=True):
+        assert [r.to_dict() | {"arguments": None} for r in sf_results] == [r.to_dict() | {"arguments": None} for r in results]
+        if sf_text == NOTHING_TO_STORE:
+            continue
+        for line in sf_text.splitlines():
+            call = json.loads(line)
+            assert list(call) == ["arguments", "name"] and "new_content" not in call["arguments"]
+            updates += call["name"] == "memory_update" and call["arguments"]["memory_type"] != "core"
+    assert updates >= 12
 
 
 def test_two_changes_in_one_chunk_keep_only_the_latest():

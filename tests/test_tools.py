@@ -7,7 +7,8 @@ import pytest
 from memalpha.memory import MEMALPHA_SCHEMA, PERSONA_SCHEMA, MemoryStore, get_schema
 from memalpha.parsing import NOTHING_TO_STORE
 from memalpha.rewards import is_entry_update, rule_judge
-from memalpha.tools import TOOL_NAMES, TOOL_SCHEMAS, FailureReason, ToolCall, execute_calls, execute_text, tool_schemas
+from memalpha.tools import (TOOL_NAMES, TOOL_SCHEMAS, FailureReason, ToolCall, call_line, execute_calls, execute_text,
+                            tool_schemas)
 
 
 def call(name, **arguments):
@@ -286,3 +287,24 @@ def test_subject_addressed_tool_schemas_update_without_naming_an_entry():
     update = by_name["memory_update"]["parameters"]
     assert set(update["properties"]) == {"memory_type", "new_content"} and update["required"] == ["memory_type", "new_content"]
     assert by_name["memory_delete"]["parameters"]["required"] == ["memory_type", "old_content"]
+
+
+def test_statement_first_updates_write_content_and_lines_put_the_name_last():
+    schema = get_schema("memalpha", entry_address="subject", call_order="statement_first")
+    update = {t["function"]["name"]: t["function"] for t in tool_schemas(schema)}["memory_update"]["parameters"]
+    assert set(update["properties"]) == {"memory_type", "content"} and update["required"] == ["memory_type", "content"]
+    line = call_line(schema, "memory_update", {"memory_type": "semantic", "content": "Gwen lives in Braga."})
+    assert line == '{"arguments": {"memory_type": "semantic", "content": "Gwen lives in Braga."}, "name": "memory_update"}'
+    store = MemoryStore(schema)
+    text = "\n".join([
+        call_line(schema, "memory_insert", {"memory_type": "semantic", "content": "Gwen lives in Porto these days."}),
+        line,
+        call_line(schema, "memory_update", {"memory_type": "core", "content": "Gwen talks to Umar."}),
+    ])
+    _, (inserted, moved, core) = execute_text(store, text, 0)
+    assert inserted.ok and moved.ok and core.ok
+    assert moved.entry_id == inserted.entry_id and moved.previous_content == "Gwen lives in Porto these days."
+    before = store.to_json()
+    (old_spelling,) = run(store, call("memory_update", memory_type="semantic", new_content="Gwen lives in Faro."))
+    assert old_spelling.reason == FailureReason.BAD_ARGUMENTS and "new_content" in old_spelling.message
+    assert store.to_json() == before
