@@ -240,12 +240,12 @@ class RuleWriter:
         calls = []
         for key, content in updated.items():
             if address == "id":
-                calls.append(_call("memory_update", memory_type=sections[key], memory_id=key, **{self._update_text: content}))
+                named = {"memory_id": key}
             elif address == "subject":
-                calls.append(_call("memory_update", memory_type=sections[key], **{self._update_text: content}))
+                named = {}
             else:
-                fragment = text_address(after, sections[key], key, chunk_text, speakers)
-                calls.append(_call("memory_update", memory_type=sections[key], old_content=fragment, **{self._update_text: content}))
+                named = {"old_content": text_address(after, sections[key], key, chunk_text, speakers)}
+            calls.append(_call("memory_update", memory_type=sections[key], **named, **{self._update_text: content}))
             execute_call(after, ToolCall("memory_update", calls[-1]["arguments"]), 0)
         return calls
 
