@@ -192,8 +192,8 @@ class RuleWriter:
                 return section
         return self._fact_section
 
-    def plan(self, chunk_text: str, store: MemoryStore, visible_ids: set[str] | None = None) -> list[dict]:
-        """The tool calls (as dicts) for one chunk, most valuable first, before any budget cut."""
+    def plan(self, chunk_text: str, store: MemoryStore, visible_ids: set[str] | None = None) -> list[ToolCall]:
+        """The tool calls for one chunk, most valuable first, before any budget cut."""
         known = {normalize_content(e.content).lower() for _, e in store.all_entries()}
         # what a change can apply to: visible entries and this chunk's planned inserts, as they will read
         targets = {e.id: (s, e.content) for s, e in store.all_entries() if visible_ids is None or e.id in visible_ids}
@@ -224,14 +224,14 @@ class RuleWriter:
         calls = self._updates(after, updated, {key: targets[key][0] for key in updated}, chunk_text)
         ranked = sorted(inserts.items(), key=lambda kv: (-kv[1][0], kv[1][1]))
         for key, (_, _, section) in ranked:
-            calls.append(_call("memory_insert", memory_type=section, content=targets[key][1]))
-            execute_call(after, ToolCall("memory_insert", calls[-1]["arguments"]), 0)
+            calls.append(ToolCall("memory_insert", {"memory_type": section, "content": targets[key][1]}))
+            execute_call(after, calls[-1], 0)
         core = self._core(store, after, chunk_text)
         if core is not None:
-            calls.append(_call("memory_update", memory_type="core", **{self._update_text: core}))
+            calls.append(ToolCall("memory_update", {"memory_type": "core", self._update_text: core}))
         return calls
 
-    def _updates(self, after: MemoryStore, updated: dict[str, str], sections: dict[str, str], chunk_text: str) -> list[dict]:
+    def _updates(self, after: MemoryStore, updated: dict[str, str], sections: dict[str, str], chunk_text: str) -> list[ToolCall]:
         """memory_update calls writing `updated[id]` over each entry, named as the schema's entry_address says
         (under `subject` named by nothing: the store finds what the new content is about), each applied to
         `after` (a text address must be unique in the memory the call meets)."""
@@ -245,8 +245,8 @@ class RuleWriter:
                 named = {}
             else:
                 named = {"old_content": text_address(after, sections[key], key, chunk_text, speakers)}
-            calls.append(_call("memory_update", memory_type=sections[key], **named, **{self._update_text: content}))
-            execute_call(after, ToolCall("memory_update", calls[-1]["arguments"]), 0)
+            calls.append(ToolCall("memory_update", {"memory_type": sections[key], **named, self._update_text: content}))
+            execute_call(after, calls[-1], 0)
         return calls
 
     def _core(self, store: MemoryStore, after: MemoryStore, chunk_text: str) -> str | None:
@@ -275,13 +275,13 @@ class RuleWriter:
         lines: list[str] = []
         used = 0
         planned = self.plan(chunk_text, store, visible_ids)
-        substantive = [c for c in planned if c["arguments"].get("memory_type") != "core"]
+        substantive = [c for c in planned if c.arguments.get("memory_type") != "core"]
         if not substantive:
             return NOTHING_TO_STORE  # a new core alone (speaker names) is not worth a call
         for call in planned:
             if len(lines) >= self.max_calls:
                 break
-            line = call_line(self.schema, call["name"], call["arguments"])
+            line = call_line(self.schema, call.name, call.arguments)
             cost = self.count_tokens(line + "\n")
             if self.max_completion_tokens is not None and used + cost > self.max_completion_tokens:
                 continue  # a shorter, lower-priority call may still fit
@@ -349,10 +349,6 @@ def text_address(store: MemoryStore, section: str, entry_id: str, chunk_text: st
                 best = (end - start, -start, run)
                 break
     return best[2] if best else entry.content
-
-
-def _call(name: str, **arguments: str) -> dict:
-    return {"name": name, "arguments": arguments}
 
 
 def _day(stamp: str) -> str:
