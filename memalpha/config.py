@@ -106,6 +106,9 @@ class RewardConfig(_Section):
     """Scale a chunk's content credit (and, under the content gate, r2 and r4) by the share of the
     answers the memory supported before it that it left supported: overwriting a stored answer with
     small talk costs what storing it earned (docs/REWARDS.md)."""
+    precision_weight: float = Field(0.0, ge=0)
+    """Weight of the per-chunk write precision: the share of a chunk's content writes that hold an answer
+    the chunk can give (docs/REWARDS.md). Needs evidence indices (synthetic data); 0: off."""
     shadowed_conflict_credit: float = Field(SHADOWED_CONFLICT_CREDIT, ge=0, le=1)
     """Coverage of a conflict chunk whose writes state the current value while the memory still asserts a
     superseded one: 0.5 pays half for shadowing the stale entry, 0 pays only for updating or deleting it

@@ -63,6 +63,10 @@ class Step:
     """Question index -> how far the whole memory after this step supports its answer (`memory_support`)."""
     retention: float = 1.0
     """Share of the memory's answer support before this step that survived it (`rewards.retention`)."""
+    content_writes: int = 0
+    """Executed inserts, updates and paragraph writes of this step (one per entry or paragraph written)."""
+    answer_writes: int = 0
+    """Of `content_writes`, those that hold an answer of a question this chunk can make answerable."""
 
 
 def answers_lost(supports: Sequence[dict[int, float]]) -> int:
@@ -195,25 +199,29 @@ class Episode:
         prompt = self.prompt() if prompt is None else prompt
         parsed, results = execute_text(self.store, completion, t)
         whole = whole_memory_text(self.store) if self.instance.questions else ""  # rendered once, read by both supports
-        support = {}
+        writes = self._written(results)
+        support, answer_writes = {}, 0
         if self._relevant[t]:
-            written = self._written(results)
             overwritten = overwritten_unrelated(results)
             unresolved = f"{whole}\n{overwritten}" if overwritten else whole
-            for j in self._relevant[t]:
-                support[j] = answer_support(self.instance.questions[j], written, chunk_text, lambda: unresolved,
-                                            self.shadowed_conflict_credit)
+
+            def supports(j: int, text: str) -> float:
+                return answer_support(self.instance.questions[j], text, chunk_text, lambda: unresolved,
+                                      self.shadowed_conflict_credit)
+
+            support = {j: supports(j, "\n".join(writes)) for j in self._relevant[t]}
+            answer_writes = sum(any(supports(j, text) > 0 for j in self._relevant[t]) for text in writes)
         supported = memory_support(self.instance.questions, whole)
         kept = retention(self.steps[-1].memory_support if self.steps else {}, supported)
         step = Step(t, prompt, completion, parsed, results, self.store.token_count(), self.store.entry_count(), support,
-                    supported, kept)
+                    supported, kept, len(writes), answer_writes)
         self.steps.append(step)
         self._view = None
         return step
 
-    def _written(self, results: list[ToolResult]) -> str:
-        """What this step's executed writes say now, one line each (a later call of the same step may
-        have changed or deleted an entry)."""
+    def _written(self, results: list[ToolResult]) -> list[str]:
+        """What this step's executed writes say now, one text per entry or paragraph written (a later
+        call of the same step may have changed or deleted an entry)."""
         lines: dict[str, str] = {}
         for result in results:
             if not result.ok or result.name == "memory_delete" or result.memory_type is None:
@@ -223,7 +231,7 @@ class Episode:
                 lines[result.memory_type] = self.store.paragraph(result.memory_type)
             elif result.entry_id and (entry := self.store.get(result.memory_type, result.entry_id)) is not None:
                 lines[entry.id] = entry.content
-        return "\n".join(lines.values())
+        return list(lines.values())
 
     def copy(self) -> Episode:
         """An independent episode at the same position with the same memory."""
@@ -290,7 +298,8 @@ def score_episodes(episodes: list[Episode], config: RunConfig, reader, judge=Non
                                             [episode_shown[j] for j in unanchored], len(episode.steps))
         coverage = chunk_coverage([step.support for step in episode.steps],
                                   episode.relevant_questions[: len(episode.steps)], attributed,
-                                  [step.retention for step in episode.steps])
+                                  [step.retention for step in episode.steps],
+                                  [(step.answer_writes, step.content_writes) for step in episode.steps])
         rewards = chunk_rewards(
             qa_score, results, [step.parse.nothing_to_store for step in episode.steps], episode.store.token_count(),
             sum(episode.store.count_tokens(c) for c in episode.instance.chunks[: len(episode.steps)]), config.reward,
@@ -314,7 +323,7 @@ def score_step(episode: Episode, config: RunConfig, judge=None) -> RewardBreakdo
         verdicts = llm_verdicts(results, episode.instance.chunks[: t + 1], judge, episode.store, descriptions)
     unanchored = any(q.evidence_chunks is None for q in episode.instance.questions)
     [coverage] = chunk_coverage([step.support], [episode.relevant_questions[t]], [0.0] if unanchored else None,
-                                [step.retention])
+                                [step.retention], [(step.answer_writes, step.content_writes)])
     # input tokens 0: r3 needs a useful final memory, so it is 0 here whatever the input (no tokenising)
     rewards = chunk_rewards(0.0, results, [False] * t + [step.parse.nothing_to_store], episode.store.token_count(),
                             0, config.reward, memory=episode.store, verdicts=verdicts, coverage=[coverage] * (t + 1))

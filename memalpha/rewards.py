@@ -54,6 +54,8 @@ class RewardBreakdown:
     nothing_to_store: bool = False
     retention: float = 1.0
     """Share of the answer support the memory had before the chunk that survived it (`retention`)."""
+    precision: float = 1.0
+    """Share of the chunk's content writes that hold an answer the chunk can give (`write_precision`)."""
 
     def to_dict(self) -> dict[str, float | int | bool]:
         return asdict(self)
@@ -389,7 +391,7 @@ def compression(memory_tokens: int, input_tokens: int) -> float:
     return min(1.0, max(0.0, 1.0 - memory_tokens / input_tokens))
 
 
-REWARD_COMPONENTS = ("r1", "r2", "r3", "r4", "coverage", "retention")
+REWARD_COMPONENTS = ("r1", "r2", "r3", "r4", "coverage", "retention", "precision")
 """The `RewardBreakdown` fields logged as `rewards/<name>/mean`."""
 
 
@@ -423,6 +425,19 @@ class ChunkCoverage:
     none points here; None: unknown (questions without evidence indices; `value` is attributed credit)."""
     retention: float = 1.0
     """`retention` of the step: the content credit and the gate are scaled by it."""
+    precision: float = 1.0
+    """`write_precision` of the step."""
+
+
+def write_precision(answer_writes: int, writes: int, holds_evidence: bool | None) -> float:
+    """Share of a step's content writes (inserts, updates, paragraph writes) that hold an answer of a
+    question the chunk can make answerable. Without writes: 1 on a chunk that holds no evidence (skipping
+    was right), 0 on one that does. Unknown evidence: 1 for every candidate, so it moves no advantage."""
+    if holds_evidence is None:
+        return 1.0
+    if not writes:
+        return 0.0 if holds_evidence else 1.0
+    return answer_writes / writes
 
 
 def chunk_coverage(
@@ -430,23 +445,27 @@ def chunk_coverage(
     relevant: Sequence[Sequence[int]],
     attributed: Sequence[float] | None = None,
     retained: Sequence[float] | None = None,
+    writes: Sequence[tuple[int, int]] | None = None,
 ) -> list[ChunkCoverage]:
     """Coverage of every chunk of one rollout.
 
     supports[t]: question index -> `answer_support` of what chunk t wrote, for the questions in
     relevant[t] (those whose `coverage_chunks` include t). attributed: `attribution_credit` for the
     instance's questions without evidence indices, or None when every question has them. retained[t]:
-    the `retention` of step t (None: every step kept everything).
+    the `retention` of step t (None: every step kept everything). writes[t]: (content writes of step t
+    that hold an answer, content writes of step t), for `write_precision` (None: precision 1).
     """
     out = []
     for t, questions in enumerate(relevant):
         kept = 1.0 if retained is None else retained[t]
         if questions:
-            out.append(ChunkCoverage(sum(supports[t].get(j, 0.0) for j in questions) / len(questions), True, kept))
+            value, evidence = sum(supports[t].get(j, 0.0) for j in questions) / len(questions), True
         elif attributed is not None:
-            out.append(ChunkCoverage(attributed[t], None, kept))
+            value, evidence = attributed[t], None
         else:
-            out.append(ChunkCoverage(0.0, False, kept))
+            value, evidence = 0.0, False
+        precision = 1.0 if writes is None else write_precision(*writes[t], evidence)
+        out.append(ChunkCoverage(value, evidence, kept, precision))
     return out
 
 
@@ -502,7 +521,8 @@ def chunk_rewards(
         # a chunk without evidence has nothing to miss, but can still overwrite what earlier chunks stored
         content = (1.0 if evidence is False else credit.value) * kept
         gate = (content if evidence else kept) if cfg.content_gate else 1.0
-        total = qa_score + cfg.coverage_weight * content + gate * (r2 + cfg.gamma * r4) + cfg.beta * r3
+        total = (qa_score + cfg.coverage_weight * content + gate * (r2 + cfg.gamma * r4) + cfg.beta * r3
+                 + cfg.precision_weight * credit.precision)
         out.append(RewardBreakdown(qa_score, r2, r3, r4, total, content, evidence, calls, executed, n_valid, skip,
-                                   retention=credit.retention))
+                                   retention=credit.retention, precision=credit.precision))
     return out
