@@ -267,6 +267,10 @@ class SFTConfig(_Section):
     update_share: float = Field(0.0, ge=0, le=1)
     """Least share of demonstrations that update a stored entry (conflicting chunks); 0 draws them in
     proportion with the other writes."""
+    demonstration_writes: Literal["all", "answers"] = "all"
+    """Which of the rule writer's writes a demonstration keeps: `all`, or `answers`, only those holding a gold
+    or superseded answer of the instance's questions (small talk and unasked facts left out; a chunk left
+    with no write becomes NOTHING_TO_STORE). The episode advances by what is kept (docs/TRAINING.md, run SFA)."""
     eval_chunks: int = Field(24, ge=0)
     """Held-out validation chunks on which extraction is measured after every epoch (0: none, no early stop)."""
     patience: int = Field(1, ge=1)

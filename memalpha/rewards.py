@@ -312,7 +312,7 @@ def _answer_words(text: str) -> set[str]:
     return {w for w in normalize_answer(text).split() if w not in _ANSWER_STOPWORDS}
 
 
-def _mentions(text: str, answer: str) -> bool:
+def mentions(text: str, answer: str) -> bool:
     """`answer` occurs in `text`, normalised, on word boundaries (the convention of memalpha.metrics)."""
     needle = normalize_answer(answer)
     return bool(needle) and f" {needle} " in f" {normalize_answer(text)} "
@@ -326,7 +326,7 @@ def coverage_chunks(question: Question, chunks: Sequence[str]) -> list[int] | No
     if question.evidence_chunks is None:
         return None
     evidence = [c for c in question.evidence_chunks if 0 <= c < len(chunks)]
-    stating = [c for c in evidence if any(_mentions(chunks[c], a) for a in question.answers)]
+    stating = [c for c in evidence if any(mentions(chunks[c], a) for a in question.answers)]
     return stating or evidence
 
 
@@ -346,8 +346,8 @@ def answer_support(question: Question, written: str, chunk_text: str, memory_tex
 
     competency = competency_of(question)
     if competency == "long_range_understanding":
-        offered = [k for k in question.answers if _mentions(chunk_text, k)] or question.answers
-        return sum(_mentions(written, k) for k in offered) / len(offered) if offered else 0.0
+        offered = [k for k in question.answers if mentions(chunk_text, k)] or question.answers
+        return sum(mentions(written, k) for k in offered) / len(offered) if offered else 0.0
     if competency == "test_time_learning" or (competency == "conflict_resolution" and question.superseded_answers):
         reader = EvidenceReader()
         score = score_answer(reader.answer_one(written, question), question.answers, question.question_type,
@@ -359,7 +359,7 @@ def answer_support(question: Question, written: str, chunk_text: str, memory_tex
     best = 0.0
     words = _answer_words(written)
     for gold in question.answers:
-        if _mentions(written, gold):
+        if mentions(written, gold):
             return 1.0
         wanted = _answer_words(gold)
         if wanted:

@@ -24,10 +24,11 @@ from memalpha.episode import Episode
 from memalpha.generation import MIN_SHARED_PREFIX, generate, keep_last
 from memalpha.memory.schema import MemorySchema
 from memalpha.parsing import NOTHING_TO_STORE, parse_tool_calls
-from memalpha.rewards import is_entry_update
+from memalpha.rewards import is_entry_update, mentions
 from memalpha.rule_writer import rule_writer_for
 from memalpha.text import keeps_subject
 from memalpha.tokens import tokenizer_counter
+from memalpha.tools import call_line, text_argument
 
 
 @dataclass
@@ -151,6 +152,17 @@ def _updates_entry(completion: str, schema: MemorySchema) -> bool:
                for call in parse_tool_calls(completion).calls)
 
 
+def answer_writes_only(completion: str, instance: Instance, schema: MemorySchema) -> str:
+    """The calls of `completion` whose text holds a gold or superseded answer of one of `instance`'s
+    questions (deletes are kept), in order; NOTHING_TO_STORE when none is left. Superseded answers count:
+    a value that changes later has to be stored before it can be updated."""
+    answers = [a for q in instance.questions for a in (*q.answers, *q.superseded_answers)]
+    kept = [call_line(schema, call.name, call.arguments) for call in parse_tool_calls(completion).calls
+            if call.name == "memory_delete"
+            or any(mentions(str(call.arguments.get(text_argument(call.name, schema), "")), a) for a in answers)]
+    return "\n".join(kept) if kept else NOTHING_TO_STORE
+
+
 def _label_states(instances: list[Instance], policy_completions: list[list[str]] | None, config: RunConfig, tokenizer,
                   stats: DemoStats) -> tuple[list[Demonstration], list[Demonstration]]:
     """Walk each instance's episode, labelling the state before every chunk with the rule writer's
@@ -174,6 +186,8 @@ def _label_states(instances: list[Instance], policy_completions: list[list[str]]
         while not episode.done:
             prompt = episode.prompt()
             label = writer.write(episode.chunk_text, episode.store, episode.visible_ids())
+            if config.sft.demonstration_writes == "answers":
+                label = answer_writes_only(label, instance, schema)
             demo = Demonstration(prompt, label, instance.instance_id, episode.position,
                                  counter(prompt), counter(label) + 1,  # + the end-of-turn token
                                  _updates_entry(label, schema))

@@ -17,9 +17,12 @@ from memalpha.models.policy import load_policy
 from memalpha.parsing import NOTHING_TO_STORE, parse_tool_calls
 from memalpha.prompts import render_writer_prompt
 from memalpha.rule_writer import RuleWriter
+from memalpha.data.schema import Instance, Question
+from memalpha.rewards import mentions
 from memalpha.sft import (
     Demonstration,
     DemoStats,
+    answer_writes_only,
     build_demonstrations,
     demonstration_max_length,
     extraction_probes,
@@ -107,6 +110,36 @@ def test_update_share_draws_conflicting_chunks_first():
     assert weighted.updates == len(updating) == 8 > proportional.updates
     for demo in updating:
         assert any(c.name == "memory_update" and c.arguments["memory_id"] for c in parse_tool_calls(demo.completion).calls)
+
+
+def test_answer_writes_only_keeps_the_calls_that_hold_an_answer_or_a_superseded_one():
+    instance = Instance("i", "synth", "conflict_resolution", ["chunk"], [
+        Question("q", "Where does Maya live?", ["Porto"], "conflict_resolution", superseded_answers=["Lisbon"]),
+    ])
+    lines = [json.dumps({"name": "memory_insert", "arguments": {"memory_type": "semantic", "content": text}})
+             for text in ("Maya lives in Lisbon.", "The bus was late again.", "Maya moved to porto.")]
+    kept = answer_writes_only("\n".join(lines), instance, MEMALPHA_SCHEMA)
+    assert kept.splitlines() == [lines[0], lines[2]]
+    assert answer_writes_only(lines[1], instance, MEMALPHA_SCHEMA) == NOTHING_TO_STORE
+    assert answer_writes_only(NOTHING_TO_STORE, instance, MEMALPHA_SCHEMA) == NOTHING_TO_STORE
+
+
+def test_answer_demonstrations_leave_out_the_writes_no_question_asks_about(instances):
+    config = load_config(None, OVERRIDES + ["sft.demonstration_writes=answers"])
+    policy = load_policy(config.model)
+    everything, answers = DemoStats(), DemoStats()
+    full = build_demonstrations(instances, load_config(None, OVERRIDES), policy.tokenizer, count=100, nothing_share=0.0, stats=everything)
+    kept = build_demonstrations(instances, config, policy.tokenizer, count=100, nothing_share=0.0, stats=answers)
+    by_id = {i.instance_id: i for i in instances}
+    texts = [c.arguments["content"] for d in kept for c in parse_tool_calls(d.completion).calls if c.name == "memory_insert"]
+    assert texts
+    for demo in kept:
+        gold = [a for q in by_id[demo.instance_id].questions for a in (*q.answers, *q.superseded_answers)]
+        for call in parse_tool_calls(demo.completion).calls:
+            text = call.arguments.get("content") or call.arguments.get("new_content") or ""
+            assert call.name == "memory_delete" or any(mentions(text, a) for a in gold), text
+    calls = lambda demos: sum(len(parse_tool_calls(d.completion).calls) for d in demos)
+    assert calls(kept) < calls(full)
 
 
 def _short_demos(policy) -> list[Demonstration]:
