@@ -271,6 +271,10 @@ class SFTConfig(_Section):
     """Which of the rule writer's writes a demonstration keeps: `all`, or `answers`, only those holding a gold
     or superseded answer of the instance's questions (small talk and unasked facts left out; a chunk left
     with no write becomes NOTHING_TO_STORE). The episode advances by what is kept (docs/TRAINING.md, run SFA)."""
+    demonstration_order: Literal["value", "text"] = "value"
+    """How the rule writer (teacher, guide and baseline) orders a chunk's inserts: `value`, most valuable
+    first, or `text`, as the chunk says them. The budget keeps the most valuable either way
+    (docs/TRAINING.md, runs SFO)."""
     eval_chunks: int = Field(24, ge=0)
     """Held-out validation chunks on which extraction is measured after every epoch (0: none, no early stop)."""
     patience: int = Field(1, ge=1)

@@ -18,9 +18,10 @@ valuable calls first, cut to a completion budget.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from memalpha.episode import Episode, Step
 from memalpha.memory.schema import MemorySchema
@@ -116,7 +117,9 @@ class RuleWriter:
     """Deterministic writer: `write(chunk_text, store)` returns the completion text (JSON lines).
 
     `max_calls` and `max_completion_tokens` (counted with `count_tokens`) cap the output, keeping the
-    most valuable calls: updates, labelled examples, facts, events, then the core rewrite. Updates only
+    most valuable calls: updates, labelled examples, facts, events, then the core rewrite. `insert_order`
+    says how the kept inserts are spelled: `value` (most valuable first) or `text` (as the chunk says
+    them). Updates only
     address entries in `visible_ids` when given (the ids the writer view shows), since a policy can only
     update what it sees.
     """
@@ -128,6 +131,7 @@ class RuleWriter:
         max_completion_tokens: int | None = None,
         count_tokens: TokenCounter = regex_token_count,
         core_max_words: int = 48,
+        insert_order: Literal["value", "text"] = "value",
     ):
         lists = [s.name for s in schema.list_sections]
         if not lists:
@@ -137,6 +141,7 @@ class RuleWriter:
         self.max_completion_tokens = max_completion_tokens
         self.count_tokens = count_tokens
         self.core_max_words = core_max_words
+        self.insert_order = insert_order
         self._fact_section = "semantic" if "semantic" in lists else lists[0]
         self._event_section = "episodic" if "episodic" in lists else self._fact_section
         self._has_core = "core" in schema.names and not schema.section("core").is_list
@@ -192,8 +197,9 @@ class RuleWriter:
                 return section
         return self._fact_section
 
-    def plan(self, chunk_text: str, store: MemoryStore, visible_ids: set[str] | None = None) -> list[ToolCall]:
-        """The tool calls for one chunk, most valuable first, before any budget cut."""
+    def plan(self, chunk_text: str, store: MemoryStore, visible_ids: set[str] | None = None) -> list[tuple[float, ToolCall]]:
+        """The tool calls for one chunk, most valuable first, before any budget cut, each with its place in
+        text order: updates first, inserts by the sentence they come from, the core last."""
         known = {normalize_content(e.content).lower() for _, e in store.all_entries()}
         # what a change can apply to: visible entries and this chunk's planned inserts, as they will read
         targets = {e.id: (s, e.content) for s, e in store.all_entries() if visible_ids is None or e.id in visible_ids}
@@ -221,14 +227,14 @@ class RuleWriter:
                 targets[key] = (self._section(item), item.content)
                 inserts[key] = (item.score, order, self._section(item))
         after = store.copy()  # the memory as this chunk's calls leave it
-        calls = self._updates(after, updated, {key: targets[key][0] for key in updated}, chunk_text)
+        calls: list[tuple[float, ToolCall]] = [(-math.inf, call) for call in self._updates(after, updated, {key: targets[key][0] for key in updated}, chunk_text)]
         ranked = sorted(inserts.items(), key=lambda kv: (-kv[1][0], kv[1][1]))
-        for key, (_, _, section) in ranked:
-            calls.append(ToolCall("memory_insert", {"memory_type": section, "content": targets[key][1]}))
-            execute_call(after, calls[-1], 0)
+        for key, (_, order, section) in ranked:
+            calls.append((order, ToolCall("memory_insert", {"memory_type": section, "content": targets[key][1]})))
+            execute_call(after, calls[-1][1], 0)
         core = self._core(store, after, chunk_text)
         if core is not None:
-            calls.append(ToolCall("memory_update", {"memory_type": "core", self._update_text: core}))
+            calls.append((math.inf, ToolCall("memory_update", {"memory_type": "core", self._update_text: core})))
         return calls
 
     def _updates(self, after: MemoryStore, updated: dict[str, str], sections: dict[str, str], chunk_text: str) -> list[ToolCall]:
@@ -272,22 +278,23 @@ class RuleWriter:
 
     def write(self, chunk_text: str, store: MemoryStore, visible_ids: set[str] | None = None) -> str:
         """The completion text for one chunk: JSON lines, or NOTHING_TO_STORE."""
-        lines: list[str] = []
+        kept: list[tuple[float, str]] = []
         used = 0
         planned = self.plan(chunk_text, store, visible_ids)
-        substantive = [c for c in planned if c.arguments.get("memory_type") != "core"]
-        if not substantive:
+        if all(c.arguments.get("memory_type") == "core" for _, c in planned):
             return NOTHING_TO_STORE  # a new core alone (speaker names) is not worth a call
-        for call in planned:
-            if len(lines) >= self.max_calls:
+        for place, call in planned:
+            if len(kept) >= self.max_calls:
                 break
             line = call_line(self.schema, call.name, call.arguments)
             cost = self.count_tokens(line + "\n")
             if self.max_completion_tokens is not None and used + cost > self.max_completion_tokens:
                 continue  # a shorter, lower-priority call may still fit
-            lines.append(line)
+            kept.append((place, line))
             used += cost
-        return "\n".join(lines) if lines else NOTHING_TO_STORE
+        if self.insert_order == "text":
+            kept.sort(key=lambda placed: placed[0])  # stable: updates keep their order
+        return "\n".join(line for _, line in kept) if kept else NOTHING_TO_STORE
 
 
 _TOPICS: dict[str, frozenset[str]] = {
@@ -315,7 +322,7 @@ def rule_writer_for(config: RunConfig, count_tokens: TokenCounter, reserve_token
     `reserve_tokens`."""
     schema = config.memory.schema()
     return RuleWriter(schema, max_completion_tokens=config.rollout.max_completion_length - reserve_tokens,
-                      count_tokens=count_tokens)
+                      count_tokens=count_tokens, insert_order=config.sft.demonstration_order)
 
 
 def _core_names(core: str) -> list[str]:

@@ -205,6 +205,22 @@ def test_budget_keeps_the_most_valuable_calls():
     assert short and short != NOTHING_TO_STORE and not parse_tool_calls(short).errors
 
 
+def test_text_order_spells_the_kept_inserts_as_the_chunk_says_them():
+    # the first-person allergy outranks nothing; the relayed job (a name, a cue) is ranked first by value
+    chunk = HEADER + "Zeno: I have to avoid shellfish, allergy test came back positive.\nZeno: Bruno just started working as a welder at Copperleaf."
+    by_value = RuleWriter(MEMALPHA_SCHEMA).write(chunk, MemoryStore(MEMALPHA_SCHEMA))
+    by_text = RuleWriter(MEMALPHA_SCHEMA, insert_order="text").write(chunk, MemoryStore(MEMALPHA_SCHEMA))
+    inserts = [[c.arguments["content"] for c in parse_tool_calls(t).calls if c.name == "memory_insert"] for t in (by_value, by_text)]
+    assert "welder" in inserts[0][0] and "shellfish" in inserts[0][1]
+    assert inserts[1] == inserts[0][::-1]
+    assert json.loads(by_text.splitlines()[-1])["arguments"]["memory_type"] == "core"  # the core stays last
+    # under a budget both keep the same, most valuable calls
+    budget = regex_token_count(by_value.splitlines()[0] + "\n")
+    kept = [RuleWriter(MEMALPHA_SCHEMA, max_completion_tokens=budget, insert_order=order).write(chunk, MemoryStore(MEMALPHA_SCHEMA))
+            for order in ("value", "text")]
+    assert kept[0] == kept[1] and "welder" in kept[0] and "shellfish" not in kept[0]
+
+
 def test_third_person():
     assert third_person("I love my job and I go to the gym", "Maya") == "Maya loves Maya's job and Maya goes to the gym"
     assert third_person("I'm a nurse now; I don't live in Lisbon anymore", "Ana") == "Ana is a nurse now; Ana doesn't live in Lisbon anymore"
