@@ -275,6 +275,10 @@ class SFTConfig(_Section):
     """How the rule writer (teacher, guide and baseline) orders a chunk's inserts: `value`, most valuable
     first, or `text`, as the chunk says them. The budget keeps the most valuable either way
     (docs/TRAINING.md, runs SFO)."""
+    demonstration_form: Literal["statement", "quote"] = "statement"
+    """How the rule writer stores a speaker's sentence: `statement`, rewritten in the third person
+    ("Maya loves Maya's job"), or `quote`, the line as said ("Maya: I love my job"), so that a policy
+    learns a copy instead of a rewrite (docs/TRAINING.md, runs SFQ)."""
     eval_chunks: int = Field(24, ge=0)
     """Held-out validation chunks on which extraction is measured after every epoch (0: none, no early stop)."""
     patience: int = Field(1, ge=1)

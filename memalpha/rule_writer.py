@@ -119,7 +119,8 @@ class RuleWriter:
     `max_calls` and `max_completion_tokens` (counted with `count_tokens`) cap the output, keeping the
     most valuable calls: updates, labelled examples, facts, events, then the core rewrite. `insert_order`
     says how the kept inserts are spelled: `value` (most valuable first) or `text` (as the chunk says
-    them). Updates only
+    them). `entry_form` says how a speaker's sentence is stored: `statement` (third person: "Maya loves
+    Maya's job") or `quote` (the line as said: "Maya: I love my job"). Updates only
     address entries in `visible_ids` when given (the ids the writer view shows), since a policy can only
     update what it sees.
     """
@@ -132,6 +133,7 @@ class RuleWriter:
         count_tokens: TokenCounter = regex_token_count,
         core_max_words: int = 48,
         insert_order: Literal["value", "text"] = "value",
+        entry_form: Literal["statement", "quote"] = "statement",
     ):
         lists = [s.name for s in schema.list_sections]
         if not lists:
@@ -142,6 +144,7 @@ class RuleWriter:
         self.count_tokens = count_tokens
         self.core_max_words = core_max_words
         self.insert_order = insert_order
+        self.entry_form = entry_form
         self._fact_section = "semantic" if "semantic" in lists else lists[0]
         self._event_section = "episodic" if "episodic" in lists else self._fact_section
         self._has_core = "core" in schema.names and not schema.section("core").is_list
@@ -177,7 +180,7 @@ class RuleWriter:
         speakers = frozenset(u.speaker for u in utterances if u.speaker)
         for utt in utterances:
             example = _example(utt.text)
-            items = [example] if example else [x for s in _sentences(utt.text) if (x := _statement(s, utt, speakers))]
+            items = [example] if example else [x for s in _sentences(utt.text) if (x := _statement(s, utt, speakers, self.entry_form == "quote"))]
             for item in items:
                 key = normalize_content(item.content).lower()
                 if key not in seen:
@@ -322,7 +325,8 @@ def rule_writer_for(config: RunConfig, count_tokens: TokenCounter, reserve_token
     `reserve_tokens`."""
     schema = config.memory.schema()
     return RuleWriter(schema, max_completion_tokens=config.rollout.max_completion_length - reserve_tokens,
-                      count_tokens=count_tokens, insert_order=config.sft.demonstration_order)
+                      count_tokens=count_tokens, insert_order=config.sft.demonstration_order,
+                      entry_form=config.sft.demonstration_form)
 
 
 def _core_names(core: str) -> list[str]:
@@ -390,7 +394,7 @@ def _specific(text: str, speakers: frozenset[str] = frozenset()) -> int:
     return len(names) + len(numbers) + len(_QUOTE.findall(text))
 
 
-def _statement(sentence: str, utt: _Utterance, speakers: frozenset[str] = frozenset()) -> Extraction | None:
+def _statement(sentence: str, utt: _Utterance, speakers: frozenset[str] = frozenset(), quote: bool = False) -> Extraction | None:
     text = sentence.strip()
     if len(text.split()) < 3:
         return None
@@ -406,6 +410,12 @@ def _statement(sentence: str, utt: _Utterance, speakers: frozenset[str] = frozen
     if not cue and not specific and not change:
         return None  # a change-only sentence is kept only if it matches a stored entry (see plan)
     speaker = utt.speaker or ""
+    event = _TIME_WORD.search(text) is not None or (_PAST_ACTION.search(text) is not None and not cue)
+    score = 3 * cue + min(specific, 3)
+    if quote and speaker:
+        # the line as said, so that storing it is a copy: a small writer copies but rewrites pronouns badly
+        said = f"{speaker} ({utt.date})" if event and utt.date else speaker
+        return Extraction("event" if event else "fact", f"{said}: {text}", speaker, change, score, utt.date)
     body = text.rstrip(".!").strip()
     if speaker and (_FIRST_PERSON.search(body) or _WE.search(body)):
         body = third_person(body, speaker)
@@ -418,10 +428,8 @@ def _statement(sentence: str, utt: _Utterance, speakers: frozenset[str] = frozen
     if speaker and _SECOND_PERSON.search(body):
         body = _SECOND_PERSON.sub("the listener", body)
     body = body[:1].upper() + body[1:]
-    event = _TIME_WORD.search(text) is not None or (_PAST_ACTION.search(text) is not None and not cue)
     if event and utt.date:
         body = f"On {utt.date}, {_lower_first(body)}"
-    score = 3 * cue + min(specific, 3)
     return Extraction("event" if event else "fact", body + ".", speaker, change, score, utt.date)
 
 

@@ -221,6 +221,19 @@ def test_text_order_spells_the_kept_inserts_as_the_chunk_says_them():
     assert kept[0] == kept[1] and "welder" in kept[0] and "shellfish" not in kept[0]
 
 
+def test_quote_form_stores_the_line_as_said_and_still_updates_it():
+    store = MemoryStore(MEMALPHA_SCHEMA)
+    writer = RuleWriter(MEMALPHA_SCHEMA, entry_form="quote")
+    run(writer, store, HEADER + "Nadia: I live in Tacoma these days.\nNadia: I adopted a cat yesterday, we named her Miso.")
+    assert [e.content for e in store.entries("semantic")] == ["Nadia: I live in Tacoma these days."]
+    assert [e.content for e in store.entries("episodic")] == ["Nadia (23 March 2023): I adopted a cat yesterday, we named her Miso."]
+    (before,) = store.entries("semantic")
+    text, _, results = run(writer, store, HEADER + "Nadia: Big news: we moved from Tacoma to Graz!", 1)
+    assert json.loads(text.splitlines()[0])["name"] == "memory_update"
+    (after,) = store.entries("semantic")
+    assert after.id == before.id and after.content == "Nadia: Big news: we moved from Tacoma to Graz!"
+
+
 def test_third_person():
     assert third_person("I love my job and I go to the gym", "Maya") == "Maya loves Maya's job and Maya goes to the gym"
     assert third_person("I'm a nurse now; I don't live in Lisbon anymore", "Ana") == "Ana is a nurse now; Ana doesn't live in Lisbon anymore"
