@@ -178,9 +178,10 @@ class RuleWriter:
         seen: set[str] = set()
         utterances = self.utterances(chunk_text)
         speakers = frozenset(u.speaker for u in utterances if u.speaker)
+        quote = self.entry_form == "quote"
         for utt in utterances:
             example = _example(utt.text)
-            items = [example] if example else [x for s in _sentences(utt.text) if (x := _statement(s, utt, speakers, self.entry_form == "quote"))]
+            items = [example] if example else [x for s in _sentences(utt.text) if (x := _statement(s, utt, speakers, quote))]
             for item in items:
                 key = normalize_content(item.content).lower()
                 if key not in seen:
@@ -411,11 +412,16 @@ def _statement(sentence: str, utt: _Utterance, speakers: frozenset[str] = frozen
         return None  # a change-only sentence is kept only if it matches a stored entry (see plan)
     speaker = utt.speaker or ""
     event = _TIME_WORD.search(text) is not None or (_PAST_ACTION.search(text) is not None and not cue)
-    score = 3 * cue + min(specific, 3)
+    date = utt.date if event else None
     if quote and speaker:
-        # the line as said, so that storing it is a copy: a small writer copies but rewrites pronouns badly
-        said = f"{speaker} ({utt.date})" if event and utt.date else speaker
-        return Extraction("event" if event else "fact", f"{said}: {text}", speaker, change, score, utt.date)
+        content = f"{speaker} ({date}): {text}" if date else f"{speaker}: {text}"  # a copy of the line (runs SFQ)
+    else:
+        content = _restated(text, speaker, date)
+    return Extraction("event" if event else "fact", content, speaker, change, 3 * cue + min(specific, 3), utt.date)
+
+
+def _restated(text: str, speaker: str, date: str | None) -> str:
+    """`text`, said by `speaker`, as a third-person statement, dated when `date` is given."""
     body = text.rstrip(".!").strip()
     if speaker and (_FIRST_PERSON.search(body) or _WE.search(body)):
         body = third_person(body, speaker)
@@ -428,9 +434,9 @@ def _statement(sentence: str, utt: _Utterance, speakers: frozenset[str] = frozen
     if speaker and _SECOND_PERSON.search(body):
         body = _SECOND_PERSON.sub("the listener", body)
     body = body[:1].upper() + body[1:]
-    if event and utt.date:
-        body = f"On {utt.date}, {_lower_first(body)}"
-    return Extraction("event" if event else "fact", body + ".", speaker, change, score, utt.date)
+    if date:
+        body = f"On {date}, {_lower_first(body)}"
+    return body + "."
 
 
 _FUNCTION_WORDS = frozenset("The A An Our We It They This That There Their His Her".split())
