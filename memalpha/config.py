@@ -277,8 +277,8 @@ class SFTConfig(_Section):
     (docs/TRAINING.md, runs SFO)."""
     demonstration_form: Literal["statement", "quote"] = "statement"
     """How the rule writer stores a speaker's sentence: `statement`, rewritten in the third person
-    ("Maya loves Maya's job"), or `quote`, the line as said ("Maya: I love my job"), so that a policy
-    learns a copy instead of a rewrite (docs/TRAINING.md, runs SFQ)."""
+    ("Maya loves Maya's job"), or `quote`, the line as said ("Maya: I love my job"), a copy instead of a
+    rewrite; quoted demonstrations made a 135M policy worse (docs/TRAINING.md, runs SFQ)."""
     eval_chunks: int = Field(24, ge=0)
     """Held-out validation chunks on which extraction is measured after every epoch (0: none, no early stop)."""
     patience: int = Field(1, ge=1)
