@@ -321,7 +321,8 @@ def to_markdown(results: dict[str, Any]) -> str:
               "![SFT curve, GRPO curve, held-out comparison](learning.png)", "", "## Warm start (held-out extraction per epoch)", "",
               "| epoch | step | evidence recall | valid calls | skip accuracy |", "|---|---|---|---|---|"]
     for e in results["sft_epochs"]:
-        lines.append(f"| {e['epoch']} | {e['step']} | {e['evidence_recall']:.3f} | {e['valid_calls']:.3f} | {e['skip_accuracy']:.3f} |")
+        which = f" (seed {e['member']})" if "member" in e else f" (average of {e['soup']})" if "soup" in e else ""
+        lines.append(f"| {e['epoch']}{which} | {e['step']} | {e['evidence_recall']:.3f} | {e['valid_calls']:.3f} | {e['skip_accuracy']:.3f} |")
     lines += ["", f"## Rule writer by completion budget (tokens a chunk; this run's: {s.get('completion_budget')})", "",
               "| budget | qa | " + " | ".join(COMPETENCIES) + " | memory tokens | stale conflict answers |",
               "|---|---|" + "---|" * len(COMPETENCIES) + "---|---|"]

@@ -279,6 +279,12 @@ class SFTConfig(_Section):
     """How the rule writer stores a speaker's sentence: `statement`, rewritten in the third person
     ("Maya loves Maya's job"), or `quote`, the line as said ("Maya: I love my job"), a copy instead of a
     rewrite; quoted demonstrations made a 135M policy worse (docs/TRAINING.md, runs SFQ)."""
+    soup_seeds: int = Field(1, ge=1)
+    """Warm starts trained and averaged, a uniform model soup: SFT (with its DAgger rounds) runs once per seed
+    `grpo.seed`, `grpo.seed + 1`, ..., each with its own demonstration sample, LoRA init and data order, and
+    the warm start is the mean of their LoRA deltas at the policy's rank (`average_adapters`). 1: one run.
+    Costs that many times the SFT time; on the learning benchmark's recipe soups of 2 and 3 seeds scored
+    above the mean of their members every time (docs/TRAINING.md, "Averaging warm starts")."""
     eval_chunks: int = Field(24, ge=0)
     """Held-out validation chunks on which extraction is measured after every epoch (0: none, no early stop)."""
     patience: int = Field(1, ge=1)

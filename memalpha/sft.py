@@ -21,6 +21,7 @@ import torch
 from memalpha.config import RunConfig, SFTConfig, step_would_overrun
 from memalpha.data.schema import Instance
 from memalpha.episode import Episode
+from memalpha.errors import UserError
 from memalpha.generation import MIN_SHARED_PREFIX, generate, keep_last
 from memalpha.memory.schema import MemorySchema
 from memalpha.parsing import NOTHING_TO_STORE, parse_tool_calls
@@ -29,6 +30,10 @@ from memalpha.rule_writer import rule_writer_for
 from memalpha.text import keeps_subject
 from memalpha.tokens import tokenizer_counter
 from memalpha.tools import call_line, text_argument
+
+
+SOUP_MEMBERS = "members"
+"""Folder of a warm start's averaged adapters (`sft.soup_seeds`), one seed-N folder each."""
 
 
 @dataclass
@@ -52,7 +57,7 @@ class Demonstration:
 
 @dataclass
 class DemoStats:
-    """What build_demonstrations saw and kept."""
+    """What build_demonstrations saw and kept, added up over the calls that share it."""
 
     chunks: int = 0
     kept: int = 0
@@ -139,9 +144,9 @@ def _labelled_sample(instances: list[Instance], policy_completions: list[list[st
     chosen = updates + rng.sample([d for d in store_demos if id(d) not in taken], n_store - n_update)
     chosen += rng.sample(skip_demos, n_skip)
     rng.shuffle(chosen)
-    stats.kept = len(chosen)
-    stats.nothing_to_store = sum(d.nothing_to_store for d in chosen)
-    stats.updates = sum(d.updates_entry for d in chosen)
+    stats.kept += len(chosen)
+    stats.nothing_to_store += sum(d.nothing_to_store for d in chosen)
+    stats.updates += sum(d.updates_entry for d in chosen)
     return chosen
 
 
@@ -316,9 +321,32 @@ class SFTResult:
     best_epoch: int = 0
     rounds: list[dict] = field(default_factory=list)
     """Per DAgger round (`run_dagger`): its demonstrations, SFT steps and seconds."""
+    members: list[dict] = field(default_factory=list)
+    """Per averaged warm start (`sft.soup_seeds` > 1): its seed and result, losses left out (they are in `losses`)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def soup(cls, adapter_dir: str, members: list[tuple[int, SFTResult]], held_out: dict | None = None) -> SFTResult:
+        """The result of averaged warm starts, (seed, result) each: steps, losses and held-out epochs one after
+        another (each epoch tagged with its `member` seed); `held_out`, the average's extraction, closes
+        `epochs` tagged `soup` and is the best epoch, as its adapter is the one kept."""
+        epochs: list[dict] = []
+        steps, seconds = 0, 0.0
+        for seed, member in members:
+            epochs += [{**e, "epoch": e["epoch"] + len(epochs), "step": e["step"] + steps, "member": seed}
+                       for e in member.epochs]
+            steps += member.steps
+            seconds += member.seconds
+        if held_out is not None:
+            epochs.append({"epoch": len(epochs) + 1, "step": steps, "soup": len(members), **held_out})
+        return cls(
+            adapter_dir=adapter_dir, steps=steps, losses=[x for _, m in members for x in m.losses], seconds=seconds,
+            seconds_per_step=seconds / max(steps, 1), train_tokens=sum(m.train_tokens for _, m in members),
+            epochs=epochs, best_epoch=len(epochs) if held_out is not None else 0,
+            members=[{"seed": seed, **{k: v for k, v in m.to_dict().items() if k != "losses"}} for seed, m in members],
+        )
 
     def followed_by(self, later: SFTResult, round_info: dict) -> SFTResult:
         """This result with a later SFT stage on the same adapter appended (steps and epochs continue)."""
@@ -553,7 +581,7 @@ def run_sft(
 
 def run_dagger(policy, instances: list[Instance], config: RunConfig, out_dir: str | Path, first: SFTResult, *,
                on_log: Callable[[dict], None] | None = None, probes: list[Probe] | None = None,
-               deadline: float | None = None) -> SFTResult:
+               deadline: float | None = None, seed: int | None = None) -> SFTResult:
     """`sft.dagger_rounds` rounds after the first SFT stage (`first`). Each labels memory states the
     current policy reaches on `instances` (`policy_state_demonstrations`), adds `sft.dagger_mix` of fresh
     rule-writer demonstrations (DAgger's aggregated data, sampled: `sft.dagger_demonstrations` in all),
@@ -561,16 +589,18 @@ def run_dagger(policy, instances: list[Instance], config: RunConfig, out_dir: st
 
     Rule-writer demonstrations show only the rule writer's own memories; greedy, the warm start then
     stores small talk and misses facts on its own (docs/TRAINING.md). A round starts only before
-    `deadline`. Returns `first` with the rounds appended (also written to `out_dir`/sft_result.json)."""
+    `deadline`. Round k draws with `seed` + k (default `grpo.seed`). Returns `first` with the rounds appended
+    (also written to `out_dir`/sft_result.json)."""
     cfg = config.sft
     round_cfg = cfg.model_copy(update={"epochs": 1.0, "max_steps": 0,
                                        "learning_rate": cfg.dagger_learning_rate or cfg.learning_rate})
     from_rule_writer = round(cfg.dagger_demonstrations * cfg.dagger_mix)
     result = first
+    first_seed = config.grpo.seed if seed is None else seed
     for round_ in range(1, cfg.dagger_rounds + 1):
         if deadline is not None and time.time() >= deadline:
             break
-        seed = config.grpo.seed + round_
+        seed = first_seed + round_
         stats = DemoStats()
         began = time.perf_counter()
         demos = policy_state_demonstrations(
@@ -587,6 +617,57 @@ def run_dagger(policy, instances: list[Instance], config: RunConfig, out_dir: st
             "nothing_to_store": sum(d.nothing_to_store for d in demos), "updates": sum(d.updates_entry for d in demos),
             "policy_calls_ok": round(stats.calls_ok, 3), "label_seconds": round(labelled_s, 1)})
     (Path(out_dir) / "sft_result.json").write_text(json.dumps(result.to_dict(), indent=2))
+    return result
+
+
+def train_adapter(policy, instances: list[Instance], config: RunConfig, out_dir: str | Path, *, seed: int,
+                  probes: list[Probe] | None = None, on_log: Callable[[dict], None] | None = None,
+                  deadline: float | None = None, stats: DemoStats | None = None) -> SFTResult:
+    """One warm start of the policy's current adapter into `out_dir`: `sft.num_demonstrations` rule-writer
+    demonstrations drawn with `seed`, `run_sft`, then `sft.dagger_rounds` rounds (`run_dagger`)."""
+    demos = build_demonstrations(instances, config, policy.tokenizer, seed=seed, stats=stats)
+    if not demos:
+        raise UserError(f"no demonstration fits sft.max_length={demonstration_max_length(config)} tokens; "
+                        "raise it or use shorter chunks")
+    result = run_sft(policy, demos, out_dir, config.sft, seed=seed, on_log=on_log, probes=probes,
+                     max_new_tokens=config.rollout.max_completion_length, deadline=deadline)
+    if config.sft.dagger_rounds:
+        result = run_dagger(policy, instances, config, out_dir, result, on_log=on_log, probes=probes,
+                            deadline=deadline, seed=seed)
+    return result
+
+
+def train_warm_start(policy, instances: list[Instance], config: RunConfig, out_dir: str | Path, *,
+                     probes: list[Probe] | None = None, on_log: Callable[[dict], None] | None = None,
+                     deadline: float | None = None, stats: DemoStats | None = None) -> SFTResult:
+    """The warm start into `out_dir`: `train_adapter` with seed `grpo.seed`, or with `sft.soup_seeds` > 1
+    once per seed from `grpo.seed` on, each from a fresh LoRA init into out_dir/members/seed-N with an equal
+    share of the time left before `deadline`, then their average (`average_adapters`) measured on `probes`.
+    The policy ends with the warm-start adapter; `stats` adds up every member's demonstrations."""
+    from memalpha.models.policy import average_adapters
+
+    seeds = [config.grpo.seed + i for i in range(config.sft.soup_seeds)]
+    if len(seeds) == 1:
+        return train_adapter(policy, instances, config, out_dir, seed=seeds[0], probes=probes, on_log=on_log,
+                             deadline=deadline, stats=stats)
+    out_dir = Path(out_dir)
+    members: list[tuple[int, SFTResult]] = []
+    for i, seed in enumerate(seeds):
+        if i:
+            policy.reset_adapter(seed)
+        share = None if deadline is None else time.time() + (deadline - time.time()) / (len(seeds) - i)
+        so_far = SFTResult.soup(str(out_dir), members)
+        member = train_adapter(policy, instances, config, out_dir / SOUP_MEMBERS / f"seed-{seed}", seed=seed,
+                               probes=probes, on_log=_continuing(on_log, so_far), deadline=share, stats=stats)
+        members.append((seed, member))
+    average_adapters([m.adapter_dir for _, m in members], out_dir)
+    policy.load_adapter(out_dir)
+    held_out = extraction_metrics(policy, probes, config.rollout.max_completion_length) if probes else None
+    result = SFTResult.soup(str(out_dir), members, held_out)
+    if held_out is not None and on_log is not None:
+        on_log({"step": result.steps, "max_steps": result.steps, "epoch": len(result.epochs),
+                **{f"sft_eval/{k}": v for k, v in held_out.items()}})
+    (out_dir / "sft_result.json").write_text(json.dumps(result.to_dict(), indent=2))
     return result
 
 

@@ -128,28 +128,28 @@ def warm_start(config: RunConfig, run_dir: Path, policy, instances: list[Instanc
     on `sft.eval_chunks` chunks of the `held_out` instances after every epoch; the policy ends with the
     warm-start adapter. An existing adapter there is loaded instead of retraining. Under a time budget
     the run began at `started` (a `time.time()`, default now) and SFT gets `WARM_START_BUDGET_SHARE` of it."""
-    from memalpha.sft import (DemoStats, build_demonstrations, demonstration_max_length, extraction_probes, run_dagger,
-                              run_sft)
+    from memalpha.sft import DemoStats, demonstration_max_length, extraction_probes, train_warm_start
 
     out = Path(run_dir) / SFT_DIR
     if (out / "adapter_model.safetensors").is_file():
         policy.load_adapter(out)
         return out
-    stats = DemoStats()
-    demos = build_demonstrations(instances, config, policy.tokenizer, seed=config.grpo.seed, stats=stats)
-    log.info("warm start: %d demonstrations from %d chunks (%d nothing-to-store, %d updating an entry, %d dropped "
-             "as longer than %d tokens)", stats.kept, stats.chunks, stats.nothing_to_store, stats.updates,
-             stats.too_long, demonstration_max_length(config))
     tmp = out.with_name(f".{SFT_DIR}-tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     probes = extraction_probes(list(held_out), config, policy.tokenizer, config.sft.eval_chunks)
     deadline = config.deadline(time.time() if started is None else started, WARM_START_BUDGET_SHARE)
-    on_log = on_log or SFTProgress(log.info)
-    result = run_sft(policy, demos, tmp, config.sft, seed=config.grpo.seed, on_log=on_log,
-                     probes=probes, max_new_tokens=config.rollout.max_completion_length, deadline=deadline)
+    stats = DemoStats()
+    result = train_warm_start(policy, instances, config, tmp, probes=probes, on_log=on_log or SFTProgress(log.info),
+                              deadline=deadline, stats=stats)
+    log.info("warm start: %d demonstrations from %d chunks (%d nothing-to-store, %d updating an entry, %d dropped "
+             "as longer than %d tokens)", stats.kept, stats.chunks, stats.nothing_to_store, stats.updates,
+             stats.too_long, demonstration_max_length(config))
+    for member in result.members:
+        recall = max((e["evidence_recall"] for e in member["epochs"]), default=None)
+        log.info("warm start: seed %d of the average, %d SFT steps in %.0f s, held-out evidence recall %s",
+                 member["seed"], member["steps"], member["seconds"], "not measured" if recall is None else f"{recall:.3f}")
     if config.sft.dagger_rounds:
-        result = run_dagger(policy, instances, config, tmp, result, on_log=on_log, probes=probes, deadline=deadline)
         for info in result.rounds:
             log.info("warm start: DAgger round %d, %d demonstrations, %d of them on the policy's own memories "
                      "(labelled in %.0f s), %d nothing-to-store, %d updating an entry; %d SFT steps in %.0f s",

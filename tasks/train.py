@@ -240,7 +240,7 @@ def warm_start(config: RunConfig, run_dir: str, run_id: str, started: float | No
         client.log_metric(run_id, "sft/seconds", time.perf_counter() - began, step=0)
         result = Path(adapter) / "sft_result.json"
         for epoch in json.loads(result.read_text()).get("epochs", []) if result.is_file() else []:
-            metrics = {f"sft_eval/{k}": v for k, v in epoch.items() if k not in ("epoch", "step", "round")}
+            metrics = {f"sft_eval/{k}": v for k, v in epoch.items() if k not in ("epoch", "step", "round", "member", "soup")}
             tracking.log_step_metrics(run_id, epoch["epoch"], metrics, tracking.now_ms())
     tracking.set_tags(run_id, {"memalpha.sft_adapter": str(adapter)})
     return str(adapter)

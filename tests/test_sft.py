@@ -13,7 +13,7 @@ from memalpha.data.synth import SynthConfig, generate
 from memalpha.episode import Episode
 from memalpha.memory.schema import MEMALPHA_SCHEMA
 from memalpha.memory.views import view_ids, writer_view
-from memalpha.models.policy import load_policy
+from memalpha.models.policy import AdapterError, average_adapters, load_policy
 from memalpha.parsing import NOTHING_TO_STORE, parse_tool_calls
 from memalpha.prompts import render_writer_prompt
 from memalpha.rule_writer import RuleWriter
@@ -31,6 +31,7 @@ from memalpha.sft import (
     run_dagger,
     run_sft,
     score_probe,
+    train_warm_start,
 )
 
 OVERRIDES = ["model.policy=tiny", "model.dtype=float32", "model.device=cpu", "sft.max_length=768", "sft.batch_size=4"]
@@ -414,3 +415,84 @@ def test_dagger_rounds_start_only_before_the_deadline(tmp_path, config, instance
     first = run_sft(policy, _short_demos(policy)[:4], tmp_path / "warm", cfg.sft.model_copy(update={"batch_size": 4}))
     result = run_dagger(policy, instances, cfg, tmp_path / "warm", first, deadline=time.time() - 1)
     assert result.rounds == [] and result.steps == first.steps
+
+
+def _lora_pairs(weights: dict[str, torch.Tensor]) -> list[tuple[str, str]]:
+    return [(a, a.replace("lora_A", "lora_B")) for a in weights if "lora_A" in a]
+
+
+def _deltas(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {a: weights[b].double() @ weights[a].double() for a, b in _lora_pairs(weights)}
+
+
+def test_an_average_of_adapters_holds_their_mean_delta_at_their_rank(tmp_path, config):
+    from safetensors.torch import load_file
+
+    policy = load_policy(config.model)
+    params = dict(policy.model.named_parameters())
+    torch.manual_seed(0)
+    with torch.no_grad():  # a trained-looking adapter: B is zero after init
+        for _, b in _lora_pairs(params):
+            params[b].normal_()
+    first = policy.save_adapter(tmp_path / "first")
+    with torch.no_grad():  # the same A with another B: the mean delta keeps the rank, so the average is exact
+        for _, b in _lora_pairs(params):
+            params[b].mul_(-3.0).add_(torch.randn_like(params[b]))
+    second = policy.save_adapter(tmp_path / "second")
+    out = average_adapters([first, second], tmp_path / "soup")
+    assert json.loads((out / "adapter_config.json").read_text()) == json.loads((first / "adapter_config.json").read_text())
+    members = [_deltas(load_file(str(d / "adapter_model.safetensors"))) for d in (first, second)]
+    soup = load_file(str(out / "adapter_model.safetensors"))
+    assert all(soup[a].shape == load_file(str(first / "adapter_model.safetensors"))[a].shape for a, _ in _lora_pairs(soup))
+    for key, delta in _deltas(soup).items():
+        mean = (members[0][key] + members[1][key]) / 2
+        assert torch.allclose(delta, mean, atol=1e-4 * mean.abs().max())
+    # the policy loads it like any adapter of its layout
+    policy.load_adapter(out)
+    other = load_config(None, OVERRIDES + ["model.lora_r=8"])
+    load_policy(other.model).save_adapter(tmp_path / "rank8")
+    with pytest.raises(AdapterError, match="rank8"):
+        average_adapters([first, tmp_path / "rank8"], tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_fresh_adapter_init_depends_on_its_seed_alone(config):
+    policy = load_policy(config.model)
+    policy.reset_adapter(5)
+    once = policy.adapter_weights()
+    policy.reset_adapter(6)
+    assert any(not torch.equal(once[k], v) for k, v in policy.adapter_weights().items())
+    policy.reset_adapter(5)
+    assert all(torch.equal(once[k], v) for k, v in policy.adapter_weights().items())
+    assert all(not v.any() for k, v in once.items() if "lora_B" in k)
+
+
+def test_a_warm_start_of_several_seeds_is_the_average_of_one_adapter_per_seed(tmp_path, config, instances):
+    from safetensors.torch import load_file
+
+    cfg = config.model_copy(update={
+        "sft": config.sft.model_copy(update={"soup_seeds": 2, "num_demonstrations": 2, "batch_size": 2,
+                                             "micro_batch_size": 2, "learning_rate": 5e-3}),
+        "rollout": config.rollout.model_copy(update={"max_completion_length": 4}),
+    })
+    policy = load_policy(cfg.model)
+    probes = extraction_probes(instances[-2:], cfg, policy.tokenizer, count=2)
+    logged, stats = [], DemoStats()
+    result = train_warm_start(policy, instances[:4], cfg, tmp_path / "warm", probes=probes, on_log=logged.append,
+                              stats=stats)
+    members = [tmp_path / "warm" / "members" / f"seed-{seed}" for seed in (0, 1)]
+    assert [m["seed"] for m in result.members] == [0, 1] and stats.kept == 4
+    weights = [load_file(str(m / "adapter_model.safetensors")) for m in members]
+    assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    soup = load_file(str(tmp_path / "warm" / "adapter_model.safetensors"))
+    expected = average_adapters(members, tmp_path / "expected")
+    assert all(torch.equal(v, load_file(str(expected / "adapter_model.safetensors"))[k]) for k, v in soup.items())
+    assert all(torch.equal(policy.adapter_weights()[k], v) for k, v in soup.items() if k in policy.adapter_weights())
+    # one record: both members' steps and held-out epochs in turn, then the average's, which is kept
+    steps = [m["steps"] for m in result.members]
+    assert result.steps == sum(steps) == 2
+    assert [(e["epoch"], e.get("member"), e.get("soup")) for e in result.epochs] == [(1, 0, None), (2, 1, None), (3, None, 2)]
+    assert result.best_epoch == 3 and result.epochs[-1]["step"] == 2
+    assert [r["step"] for r in logged if "token_loss" in r] == [1, 2]  # the second member numbered after the first
+    assert [r["epoch"] for r in logged if "sft_eval/evidence_recall" in r] == [1, 2, 3]
+    assert json.loads((tmp_path / "warm" / "sft_result.json").read_text())["epochs"] == result.epochs

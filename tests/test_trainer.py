@@ -262,3 +262,22 @@ def test_a_warm_start_with_a_dagger_round_shows_its_progress_and_records_the_rou
     result = json.loads((adapter / "sft_result.json").read_text())
     assert [r["round"] for r in result["rounds"]] == [1] and result["rounds"][0]["demonstrations"] >= 1
     assert [e.get("round") for e in result["epochs"]] == [None, 1]
+
+
+def test_a_warm_start_of_two_seeds_keeps_both_adapters_and_their_average(tmp_path):
+    from test_rollout import CONFIG
+
+    from memalpha.config import load_config
+    from memalpha.progress import SFTProgress
+    from memalpha.trainer import prepare_warm_start
+
+    data = make_dataset(tmp_path / "data")
+    config = load_config(CONFIG, [f"data.train_path={data}", "sft.eval_chunks=2", "sft.soup_seeds=2", "grpo.seed=4"])
+    lines: list[str] = []
+    adapter = prepare_warm_start(config, tmp_path / "run", on_log=SFTProgress(lines.append))
+    assert adapter == tmp_path / "run" / "sft" and (adapter / "adapter_model.safetensors").is_file()
+    assert sorted(p.name for p in (adapter / "members").iterdir()) == ["seed-4", "seed-5"]
+    assert all((adapter / "members" / name / "adapter_model.safetensors").is_file() for name in ("seed-4", "seed-5"))
+    result = json.loads((adapter / "sft_result.json").read_text())
+    assert [m["seed"] for m in result["members"]] == [4, 5] and result["best_epoch"] == len(result["epochs"]) == 3
+    assert re.search(r"^warm start epoch 3 held-out extraction: valid_calls", "\n".join(lines), re.M), lines

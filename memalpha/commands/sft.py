@@ -26,7 +26,7 @@ def _run(args) -> int:
     from memalpha.models.loading import ModelNotPreparedError
     from memalpha.models.policy import AdapterError, load_policy
     from memalpha.progress import SFTProgress
-    from memalpha.sft import DemoStats, build_demonstrations, run_dagger, run_sft
+    from memalpha.sft import DemoStats, train_warm_start
 
     config = load_config(args.config, args.set)
     data_path = Path(args.data or config.data.train_path)
@@ -36,25 +36,22 @@ def _run(args) -> int:
     instances = [i for i in instances if i.competency in config.data.competencies] or instances
     if not instances:
         raise UserError(f"{data_path} has no training instances")
+    if args.adapter and config.sft.soup_seeds > 1:
+        raise UserError(f"--adapter continues one adapter, sft.soup_seeds={config.sft.soup_seeds} averages fresh ones; "
+                        "drop one of them")
     try:
         policy = load_policy(config.model, adapter=args.adapter, seed=config.grpo.seed)
     except (ModelNotPreparedError, AdapterError, FileNotFoundError) as exc:
         raise UserError(str(exc)) from None
 
     stats = DemoStats()
-    demos = build_demonstrations(instances, config, policy.tokenizer, seed=config.grpo.seed, stats=stats)
+    result = train_warm_start(policy, instances, config, args.out, on_log=SFTProgress(lambda line: print(line, flush=True)),
+                              stats=stats)
     print(
         f"demonstrations: {stats.kept} from {stats.chunks} chunks of {len(instances)} instances "
         f"({stats.nothing_to_store} nothing-to-store, {stats.updates} updating an entry, {stats.too_long} longer than sft.max_length dropped)",
         flush=True,
     )
-    if not demos:
-        raise UserError("no demonstration fits sft.max_length; raise it or use shorter chunks")
-
-    progress = SFTProgress(lambda line: print(line, flush=True))
-    result = run_sft(policy, demos, args.out, config.sft, seed=config.grpo.seed, on_log=progress)
-    if config.sft.dagger_rounds:
-        result = run_dagger(policy, instances, config, args.out, result, on_log=progress)
     print(json.dumps({k: v for k, v in result.to_dict().items() if k != "losses"}), file=sys.stdout)
     print(f"adapter saved to {result.adapter_dir}")
     return 0
