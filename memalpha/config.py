@@ -280,11 +280,12 @@ class SFTConfig(_Section):
     ("Maya loves Maya's job"), or `quote`, the line as said ("Maya: I love my job"), a copy instead of a
     rewrite; quoted demonstrations made a 135M policy worse (docs/TRAINING.md, runs SFQ)."""
     soup_seeds: int = Field(1, ge=1)
-    """Warm starts trained and averaged, a uniform model soup: SFT (with its DAgger rounds) runs once per seed
-    `grpo.seed`, `grpo.seed + 1`, ..., each with its own demonstration sample, LoRA init and data order, and
-    the warm start is the mean of their LoRA deltas at the policy's rank (`average_adapters`). 1: one run.
-    Costs that many times the SFT time; on the learning benchmark's recipe soups of 2 and 3 seeds scored
-    above the mean of their members every time (docs/TRAINING.md, "Averaging warm starts")."""
+    """Warm starts trained and averaged: SFT (with its DAgger rounds) runs once per seed `grpo.seed`,
+    `grpo.seed + 1`, ..., each with its own demonstration sample, LoRA init and data order, and the warm
+    start is the mean of their LoRA deltas (`average_adapters`), a uniform model soup. 1: one run.
+    The average is exact, n adapters side by side (`RunConfig.trained_model`: GRPO then trains rank
+    n * `model.lora_r`; truncating it back to `model.lora_r` lost ~0.05 test QA), and costs n times the SFT
+    time and a second copy of the base model while a seed trains (docs/TRAINING.md, "Averaging warm starts")."""
     eval_chunks: int = Field(24, ge=0)
     """Held-out validation chunks on which extraction is measured after every epoch (0: none, no early stop)."""
     patience: int = Field(1, ge=1)
@@ -381,6 +382,13 @@ class RunConfig(_Section):
     def deadline(self, started: float, share: float = 1.0) -> float | None:
         """The `time.time()` by which `share` of `time_budget_minutes`, counted from `started`, is spent."""
         return None if self.time_budget_minutes is None else started + share * 60 * self.time_budget_minutes
+
+    def trained_model(self) -> ModelConfig:
+        """The model config of the adapter GRPO trains. A warm start averaged over `sft.soup_seeds` = n > 1
+        adapters is their exact average: n adapters side by side, rank n * `model.lora_r` and alpha
+        n * `model.lora_alpha` (the same scale); otherwise `model`."""
+        n = self.sft.soup_seeds if self.sft.enabled else 1
+        return self.model.model_copy(update={"lora_r": n * self.model.lora_r, "lora_alpha": n * self.model.lora_alpha})
 
     @model_validator(mode="after")
     def _runnable(self) -> RunConfig:

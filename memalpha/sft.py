@@ -640,11 +640,13 @@ def train_adapter(policy, instances: list[Instance], config: RunConfig, out_dir:
 def train_warm_start(policy, instances: list[Instance], config: RunConfig, out_dir: str | Path, *,
                      probes: list[Probe] | None = None, on_log: Callable[[dict], None] | None = None,
                      deadline: float | None = None, stats: DemoStats | None = None) -> SFTResult:
-    """The warm start into `out_dir`: `train_adapter` with seed `grpo.seed`, or with `sft.soup_seeds` > 1
-    once per seed from `grpo.seed` on, each from a fresh LoRA init into out_dir/members/seed-N with an equal
-    share of the time left before `deadline`, then their average (`average_adapters`) measured on `probes`.
-    The policy ends with the warm-start adapter; `stats` adds up every member's demonstrations."""
-    from memalpha.models.policy import average_adapters
+    """The warm start into `out_dir`: `train_adapter` on the policy with seed `grpo.seed`; or, with
+    `sft.soup_seeds` > 1, once per seed from `grpo.seed` on, each on its own policy as `load_policy` gives it
+    for that seed (so a member is the warm start that seed alone trains) into out_dir/members/seed-N with an
+    equal share of the time left before `deadline`, then their average (`average_adapters`), measured on
+    `probes`. The policy (of layout `config.trained_model()`) ends with the warm-start adapter; `stats`
+    adds up every member's demonstrations."""
+    from memalpha.models.policy import average_adapters, load_policy
 
     seeds = [config.grpo.seed + i for i in range(config.sft.soup_seeds)]
     if len(seeds) == 1:
@@ -653,12 +655,11 @@ def train_warm_start(policy, instances: list[Instance], config: RunConfig, out_d
     out_dir = Path(out_dir)
     members: list[tuple[int, SFTResult]] = []
     for i, seed in enumerate(seeds):
-        if i:
-            policy.reset_adapter(seed)
         share = None if deadline is None else time.time() + (deadline - time.time()) / (len(seeds) - i)
         so_far = SFTResult.soup(str(out_dir), members)
-        member = train_adapter(policy, instances, config, out_dir / SOUP_MEMBERS / f"seed-{seed}", seed=seed,
-                               probes=probes, on_log=_continuing(on_log, so_far), deadline=share, stats=stats)
+        member = train_adapter(load_policy(config.model, seed=seed), instances, config,
+                               out_dir / SOUP_MEMBERS / f"seed-{seed}", seed=seed, probes=probes,
+                               on_log=_continuing(on_log, so_far), deadline=share, stats=stats)
         members.append((seed, member))
     average_adapters([m.adapter_dir for _, m in members], out_dir)
     policy.load_adapter(out_dir)

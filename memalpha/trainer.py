@@ -169,7 +169,7 @@ def prepare_warm_start(config: RunConfig, run_dir: str | Path, on_log: Callable[
 
     if not config.sft.enabled or not _needs_warm_start(Path(run_dir)):
         return None
-    policy = load_policy(config.model, seed=config.grpo.seed)
+    policy = load_policy(config.trained_model(), seed=config.grpo.seed)
     data = load_training_data(config, policy.tokenizer)
     return warm_start(config, Path(run_dir), policy, data.splits["train"], data.splits["validation"], on_log, started)
 
@@ -200,7 +200,7 @@ class Trainer:
         self.stopped_early = False
         """Whether `train` stopped before `grpo.steps` because of the time budget."""
         cfg = config.grpo
-        self.policy = load_policy(config.model, seed=cfg.seed)
+        self.policy = load_policy(config.trained_model(), seed=cfg.seed)
         loaded = load_training_data(config, self.policy.tokenizer)
         self.data = loaded.splits
         self.dropped_instances = loaded.dropped

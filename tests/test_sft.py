@@ -425,49 +425,53 @@ def _deltas(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {a: weights[b].double() @ weights[a].double() for a, b in _lora_pairs(weights)}
 
 
-def test_an_average_of_adapters_holds_their_mean_delta_at_their_rank(tmp_path, config):
+def _applied_deltas(policy) -> dict[str, torch.Tensor]:
+    """What each LoRA layer adds to its base weight (lora_alpha / r included)."""
+    from peft.tuners.lora import LoraLayer
+
+    return {name: layer.get_delta_weight("default") for name, layer in policy.model.named_modules()
+            if isinstance(layer, LoraLayer)}
+
+
+def test_an_average_of_adapters_holds_exactly_their_mean_delta(tmp_path, config):
     from safetensors.torch import load_file
 
     policy = load_policy(config.model)
     params = dict(policy.model.named_parameters())
-    torch.manual_seed(0)
-    with torch.no_grad():  # a trained-looking adapter: B is zero after init
-        for _, b in _lora_pairs(params):
-            params[b].normal_()
-    first = policy.save_adapter(tmp_path / "first")
-    with torch.no_grad():  # the same A with another B: the mean delta keeps the rank, so the average is exact
-        for _, b in _lora_pairs(params):
-            params[b].mul_(-3.0).add_(torch.randn_like(params[b]))
-    second = policy.save_adapter(tmp_path / "second")
-    out = average_adapters([first, second], tmp_path / "soup")
-    assert json.loads((out / "adapter_config.json").read_text()) == json.loads((first / "adapter_config.json").read_text())
-    members = [_deltas(load_file(str(d / "adapter_model.safetensors"))) for d in (first, second)]
-    soup = load_file(str(out / "adapter_model.safetensors"))
-    assert all(soup[a].shape == load_file(str(first / "adapter_model.safetensors"))[a].shape for a, _ in _lora_pairs(soup))
-    for key, delta in _deltas(soup).items():
-        mean = (members[0][key] + members[1][key]) / 2
-        assert torch.allclose(delta, mean, atol=1e-4 * mean.abs().max())
-    # the policy loads it like any adapter of its layout
-    policy.load_adapter(out)
+    dirs = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        with torch.no_grad():  # a trained-looking adapter: B is zero after init
+            for a, b in _lora_pairs(params):
+                params[a].normal_()
+                params[b].normal_()
+        dirs.append(policy.save_adapter(tmp_path / f"seed-{seed}"))
+    saved = json.loads((dirs[1] / "adapter_config.json").read_text())  # peft lists target modules in any order
+    (dirs[1] / "adapter_config.json").write_text(json.dumps({**saved, "target_modules": saved["target_modules"][::-1]}))
+    out = average_adapters(dirs, tmp_path / "soup")
+    first = json.loads((dirs[0] / "adapter_config.json").read_text())
+    soup_config = json.loads((out / "adapter_config.json").read_text())
+    assert (soup_config["r"], soup_config["lora_alpha"]) == (2 * first["r"], 2 * first["lora_alpha"])
+    members = [_deltas(load_file(str(d / "adapter_model.safetensors"))) for d in dirs]
+    for key, delta in _deltas(load_file(str(out / "adapter_model.safetensors"))).items():
+        assert torch.allclose(delta, (members[0][key] + members[1][key]) / 2, atol=1e-9)
+    # a policy of the doubled layout applies, layer by layer, the mean of the members' scaled deltas
+    wide = load_policy(config.model.model_copy(update={"lora_r": 2 * first["r"], "lora_alpha": 2 * first["lora_alpha"]}))
+    wide.load_adapter(out)
+    applied = []
+    for d in dirs:
+        policy.load_adapter(d)
+        applied.append(_applied_deltas(policy))
+    for name, delta in _applied_deltas(wide).items():
+        assert torch.allclose(delta, (applied[0][name] + applied[1][name]) / 2, atol=1e-5)
     other = load_config(None, OVERRIDES + ["model.lora_r=8"])
     load_policy(other.model).save_adapter(tmp_path / "rank8")
     with pytest.raises(AdapterError, match="rank8"):
-        average_adapters([first, tmp_path / "rank8"], tmp_path / "bad")
+        average_adapters([dirs[0], tmp_path / "rank8"], tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
 
 
-def test_a_fresh_adapter_init_depends_on_its_seed_alone(config):
-    policy = load_policy(config.model)
-    policy.reset_adapter(5)
-    once = policy.adapter_weights()
-    policy.reset_adapter(6)
-    assert any(not torch.equal(once[k], v) for k, v in policy.adapter_weights().items())
-    policy.reset_adapter(5)
-    assert all(torch.equal(once[k], v) for k, v in policy.adapter_weights().items())
-    assert all(not v.any() for k, v in once.items() if "lora_B" in k)
-
-
-def test_a_warm_start_of_several_seeds_is_the_average_of_one_adapter_per_seed(tmp_path, config, instances):
+def test_a_warm_start_of_several_seeds_is_the_average_of_the_warm_start_of_each_seed(tmp_path, config, instances):
     from safetensors.torch import load_file
 
     cfg = config.model_copy(update={
@@ -475,22 +479,29 @@ def test_a_warm_start_of_several_seeds_is_the_average_of_one_adapter_per_seed(tm
                                              "micro_batch_size": 2, "learning_rate": 5e-3}),
         "rollout": config.rollout.model_copy(update={"max_completion_length": 4}),
     })
-    policy = load_policy(cfg.model)
+    policy = load_policy(cfg.trained_model())
     probes = extraction_probes(instances[-2:], cfg, policy.tokenizer, count=2)
     logged, stats = [], DemoStats()
     result = train_warm_start(policy, instances[:4], cfg, tmp_path / "warm", probes=probes, on_log=logged.append,
                               stats=stats)
     members = [tmp_path / "warm" / "members" / f"seed-{seed}" for seed in (0, 1)]
     assert [m["seed"] for m in result.members] == [0, 1] and stats.kept == 4
-    weights = [load_file(str(m / "adapter_model.safetensors")) for m in members]
-    assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    # the second member is the warm start seed 1 trains alone
+    alone = cfg.model_copy(update={"grpo": cfg.grpo.model_copy(update={"seed": 1}),
+                                   "sft": cfg.sft.model_copy(update={"soup_seeds": 1})})
+    train_warm_start(load_policy(alone.trained_model(), seed=1), instances[:4], alone, tmp_path / "alone")
+    second, single = (load_file(str(d / "adapter_model.safetensors")) for d in (members[1], tmp_path / "alone"))
+    assert all(torch.equal(second[k], single[k]) for k in single)
+    first = load_file(str(members[0] / "adapter_model.safetensors"))
+    assert any(not torch.equal(first[k], second[k]) for k in first)
+    # the warm start is their average, and the policy holds it
     soup = load_file(str(tmp_path / "warm" / "adapter_model.safetensors"))
-    expected = average_adapters(members, tmp_path / "expected")
-    assert all(torch.equal(v, load_file(str(expected / "adapter_model.safetensors"))[k]) for k, v in soup.items())
-    assert all(torch.equal(policy.adapter_weights()[k], v) for k, v in soup.items() if k in policy.adapter_weights())
+    expected = load_file(str(average_adapters(members, tmp_path / "expected") / "adapter_model.safetensors"))
+    assert soup.keys() == expected.keys() and all(torch.equal(v, expected[k]) for k, v in soup.items())
+    held = policy.adapter_weights()
+    assert all(torch.equal(held[k.replace(".weight", ".default.weight")], v) for k, v in soup.items())
     # one record: both members' steps and held-out epochs in turn, then the average's, which is kept
-    steps = [m["steps"] for m in result.members]
-    assert result.steps == sum(steps) == 2
+    assert result.steps == sum(m["steps"] for m in result.members) == 2
     assert [(e["epoch"], e.get("member"), e.get("soup")) for e in result.epochs] == [(1, 0, None), (2, 1, None), (3, None, 2)]
     assert result.best_epoch == 3 and result.epochs[-1]["step"] == 2
     assert [r["step"] for r in logged if "token_loss" in r] == [1, 2]  # the second member numbered after the first

@@ -281,3 +281,8 @@ def test_a_warm_start_of_two_seeds_keeps_both_adapters_and_their_average(tmp_pat
     result = json.loads((adapter / "sft_result.json").read_text())
     assert [m["seed"] for m in result["members"]] == [4, 5] and result["best_epoch"] == len(result["epochs"]) == 3
     assert re.search(r"^warm start epoch 3 held-out extraction: valid_calls", "\n".join(lines), re.M), lines
+    # GRPO trains the average at its own rank: two adapters side by side
+    assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 2 * config.model.lora_r
+    trainer = Trainer(config, tmp_path / "run")
+    assert trainer.policy.model.peft_config["default"].r == 2 * config.model.lora_r
+    assert trainer.train_step().step == 1

@@ -40,7 +40,7 @@ def _run(args) -> int:
         raise UserError(f"--adapter continues one adapter, sft.soup_seeds={config.sft.soup_seeds} averages fresh ones; "
                         "drop one of them")
     try:
-        policy = load_policy(config.model, adapter=args.adapter, seed=config.grpo.seed)
+        policy = load_policy(config.trained_model(), adapter=args.adapter, seed=config.grpo.seed)
     except (ModelNotPreparedError, AdapterError, FileNotFoundError) as exc:
         raise UserError(str(exc)) from None
 

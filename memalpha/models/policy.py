@@ -66,39 +66,41 @@ def check_adapter_dir(path: str | Path) -> Path:
 
 
 def average_adapters(adapter_dirs: list[str | Path], out_dir: str | Path) -> Path:
-    """A uniform soup of LoRA adapters of one layout (Wortsman et al. 2022, model soups): per adapted layer
-    the mean of their weight deltas, written back at the adapters' rank by truncated SVD, so that the policy
-    loads it like any of them. Returns `out_dir`."""
+    """The exact average of LoRA adapters of one layout, a uniform model soup (Wortsman et al. 2022): their
+    A matrices stacked and their B matrices side by side, divided by their number, so that the new B @ A is
+    the mean of theirs; rank and alpha grow by that factor, the scale alpha / r stays. Returns `out_dir`."""
     from safetensors.torch import load_file, save_file
 
     dirs = [check_adapter_dir(d) for d in adapter_dirs]
     if not dirs:
         raise AdapterError("no adapter to average")
     configs = [json.loads((d / ADAPTER_CONFIG).read_text()) for d in dirs]
-    layout = ("r", "lora_alpha", "target_modules", "layers_to_transform")
+    def layout(c: dict) -> tuple:  # peft writes target_modules from a set, in any order
+        return c.get("r"), c.get("lora_alpha"), sorted(c.get("target_modules") or []), _adapted_layers(c.get("layers_to_transform"))
+
     for d, c in zip(dirs[1:], configs[1:]):
-        if [c.get(k) for k in layout] != [configs[0].get(k) for k in layout]:
-            raise AdapterError(f"adapter {d} has another layout ({', '.join(layout)}) than {dirs[0]}")
+        if layout(c) != layout(configs[0]):
+            raise AdapterError(f"adapter {d} has another layout (r, lora_alpha, target_modules, layers_to_transform) "
+                               f"than {dirs[0]}: {layout(c)} against {layout(configs[0])}")
     weights = [load_file(str(d / ADAPTER_WEIGHTS)) for d in dirs]
     for d, w in zip(dirs[1:], weights[1:]):
         if set(w) != set(weights[0]):
             raise AdapterError(f"adapter {d} has other weights than {dirs[0]}")
-    rank = configs[0]["r"]  # every adapter scales B @ A by the same lora_alpha / r, so the mean of B @ A is enough
     soup: dict[str, torch.Tensor] = {}
-    for a_key in (k for k in weights[0] if "lora_A" in k):
-        b_key = a_key.replace("lora_A", "lora_B")
-        # float64: the SVD of a sum of near-cancelling deltas loses digits in float32
-        delta = sum(w[b_key].double() @ w[a_key].double() for w in weights) / len(weights)
-        u, s, vh = torch.linalg.svd(delta, full_matrices=False)
-        root = s[:rank].sqrt()
-        dtype = weights[0][a_key].dtype
-        soup[a_key] = (root[:, None] * vh[:rank]).to(dtype).contiguous()
-        soup[b_key] = (u[:, :rank] * root[None, :]).to(dtype).contiguous()
+    for key in weights[0]:
+        if "lora_A" in key:
+            soup[key] = torch.cat([w[key] for w in weights], dim=0).contiguous()
+        elif "lora_B" in key:
+            soup[key] = (torch.cat([w[key] for w in weights], dim=1) / len(weights)).contiguous()
+        else:
+            raise AdapterError(f"adapter {dirs[0]} has a weight that is not a LoRA matrix: {key}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file(soup, str(out / ADAPTER_WEIGHTS))
-    (out / ADAPTER_CONFIG).write_text(json.dumps(configs[0], indent=2))
-    log.info("averaged %d adapters (%s) into %s", len(dirs), ", ".join(map(str, dirs)), out)
+    n = len(weights)
+    config = {**configs[0], "r": n * configs[0]["r"], "lora_alpha": n * configs[0]["lora_alpha"]}
+    (out / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
+    log.info("averaged %d adapters (%s) into %s", n, ", ".join(map(str, dirs)), out)
     return out
 
 
@@ -201,16 +203,6 @@ class Policy:
         result = set_peft_model_state_dict(self.model, state)
         if result.unexpected_keys:
             raise AdapterError(f"adapter {path} has weights the policy lacks: {result.unexpected_keys[:3]}")
-
-    def reset_adapter(self, seed: int) -> None:
-        """A fresh LoRA init drawn with `seed` (random A, zero B, as peft initialises): each warm start of an
-        average (`sft.soup_seeds`) starts from its own init, not from the previous one's weights."""
-        from peft.tuners.lora import LoraLayer
-
-        torch.manual_seed(seed)
-        for layer in self.model.modules():
-            if isinstance(layer, LoraLayer) and "default" in layer.lora_A:
-                layer.reset_lora_parameters("default", True)
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """The LoRA parameters (the only ones with requires_grad)."""
