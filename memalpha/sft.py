@@ -581,7 +581,7 @@ def run_sft(
 
 def run_dagger(policy, instances: list[Instance], config: RunConfig, out_dir: str | Path, first: SFTResult, *,
                on_log: Callable[[dict], None] | None = None, probes: list[Probe] | None = None,
-               deadline: float | None = None, seed: int | None = None) -> SFTResult:
+               deadline: float | None = None, base_seed: int | None = None) -> SFTResult:
     """`sft.dagger_rounds` rounds after the first SFT stage (`first`). Each labels memory states the
     current policy reaches on `instances` (`policy_state_demonstrations`), adds `sft.dagger_mix` of fresh
     rule-writer demonstrations (DAgger's aggregated data, sampled: `sft.dagger_demonstrations` in all),
@@ -589,18 +589,18 @@ def run_dagger(policy, instances: list[Instance], config: RunConfig, out_dir: st
 
     Rule-writer demonstrations show only the rule writer's own memories; greedy, the warm start then
     stores small talk and misses facts on its own (docs/TRAINING.md). A round starts only before
-    `deadline`. Round k draws with `seed` + k (default `grpo.seed`). Returns `first` with the rounds appended
+    `deadline`. Round k draws with `base_seed` + k (default `grpo.seed`). Returns `first` with the rounds appended
     (also written to `out_dir`/sft_result.json)."""
     cfg = config.sft
     round_cfg = cfg.model_copy(update={"epochs": 1.0, "max_steps": 0,
                                        "learning_rate": cfg.dagger_learning_rate or cfg.learning_rate})
     from_rule_writer = round(cfg.dagger_demonstrations * cfg.dagger_mix)
     result = first
-    first_seed = config.grpo.seed if seed is None else seed
+    base_seed = config.grpo.seed if base_seed is None else base_seed
     for round_ in range(1, cfg.dagger_rounds + 1):
         if deadline is not None and time.time() >= deadline:
             break
-        seed = first_seed + round_
+        seed = base_seed + round_
         stats = DemoStats()
         began = time.perf_counter()
         demos = policy_state_demonstrations(
@@ -633,7 +633,7 @@ def train_adapter(policy, instances: list[Instance], config: RunConfig, out_dir:
                      max_new_tokens=config.rollout.max_completion_length, deadline=deadline)
     if config.sft.dagger_rounds:
         result = run_dagger(policy, instances, config, out_dir, result, on_log=on_log, probes=probes,
-                            deadline=deadline, seed=seed)
+                            deadline=deadline, base_seed=seed)
     return result
 
 

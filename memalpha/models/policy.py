@@ -75,6 +75,7 @@ def average_adapters(adapter_dirs: list[str | Path], out_dir: str | Path) -> Pat
     if not dirs:
         raise AdapterError("no adapter to average")
     configs = [json.loads((d / ADAPTER_CONFIG).read_text()) for d in dirs]
+
     def layout(c: dict) -> tuple:  # peft writes target_modules from a set, in any order
         return c.get("r"), c.get("lora_alpha"), sorted(c.get("target_modules") or []), _adapted_layers(c.get("layers_to_transform"))
 
