@@ -507,3 +507,14 @@ def test_a_warm_start_of_several_seeds_is_the_average_of_the_warm_start_of_each_
     assert [r["step"] for r in logged if "token_loss" in r] == [1, 2]  # the second member numbered after the first
     assert [r["epoch"] for r in logged if "sft_eval/evidence_recall" in r] == [1, 2, 3]
     assert json.loads((tmp_path / "warm" / "sft_result.json").read_text())["epochs"] == result.epochs
+
+
+def test_each_seed_of_an_average_gets_a_share_of_the_time_left(tmp_path, config, instances):
+    cfg = config.model_copy(update={
+        "sft": config.sft.model_copy(update={"soup_seeds": 2, "num_demonstrations": 4, "batch_size": 2, "micro_batch_size": 2}),
+        "rollout": config.rollout.model_copy(update={"max_completion_length": 4}),
+    })
+    result = train_warm_start(load_policy(cfg.trained_model()), instances[:4], cfg, tmp_path / "warm", deadline=time.time())
+    # out of time from the start: each seed still takes its first step (of 2), and both are averaged
+    assert [(m["seed"], m["steps"]) for m in result.members] == [(0, 1), (1, 1)]
+    assert (tmp_path / "warm" / "adapter_model.safetensors").is_file()
