@@ -56,6 +56,16 @@ def _adapted_layers(layers: int | list[int] | None) -> list[int] | None:
     return [layers] if isinstance(layers, int) else sorted(layers)
 
 
+def _layout(r: int | None, target_modules, layers_to_transform) -> tuple:
+    """What adapters must share to take each other's weights: rank, adapted modules (peft keeps them as a
+    set, written in any order) and adapted layers."""
+    return r, sorted(target_modules or []), _adapted_layers(layers_to_transform)
+
+
+def _saved_layout(config: dict) -> tuple:
+    return _layout(config.get("r"), config.get("target_modules"), config.get("layers_to_transform"))
+
+
 def check_adapter_dir(path: str | Path) -> Path:
     """The adapter folder, or AdapterError naming what is missing."""
     path = Path(path)
@@ -75,14 +85,11 @@ def average_adapters(adapter_dirs: list[str | Path], out_dir: str | Path) -> Pat
     if not dirs:
         raise AdapterError("no adapter to average")
     configs = [json.loads((d / ADAPTER_CONFIG).read_text()) for d in dirs]
-
-    def layout(c: dict) -> tuple:  # peft writes target_modules from a set, in any order
-        return c.get("r"), c.get("lora_alpha"), sorted(c.get("target_modules") or []), _adapted_layers(c.get("layers_to_transform"))
-
     for d, c in zip(dirs[1:], configs[1:]):
-        if layout(c) != layout(configs[0]):
-            raise AdapterError(f"adapter {d} has another layout (r, lora_alpha, target_modules, layers_to_transform) "
-                               f"than {dirs[0]}: {layout(c)} against {layout(configs[0])}")
+        ours, first = (*_saved_layout(c), c.get("lora_alpha")), (*_saved_layout(configs[0]), configs[0].get("lora_alpha"))
+        if ours != first:
+            raise AdapterError(f"adapter {d} has another layout (r, target_modules, layers_to_transform, lora_alpha) "
+                               f"than {dirs[0]}: {ours} against {first}")
     weights = [load_file(str(d / ADAPTER_WEIGHTS)) for d in dirs]
     for d, w in zip(dirs[1:], weights[1:]):
         if set(w) != set(weights[0]):
@@ -191,14 +198,12 @@ class Policy:
         path = check_adapter_dir(path)
         saved = json.loads((path / ADAPTER_CONFIG).read_text())
         current = self.model.peft_config["default"]
-        saved_layers = _adapted_layers(saved.get("layers_to_transform"))
-        current_layers = _adapted_layers(current.layers_to_transform)
-        if (saved.get("r") != current.r or set(saved.get("target_modules") or []) != set(current.target_modules)
-                or saved_layers != current_layers):
+        saved_r, saved_targets, saved_layers = _saved_layout(saved)
+        current_r, current_targets, current_layers = _layout(current.r, current.target_modules, current.layers_to_transform)
+        if (saved_r, saved_targets, saved_layers) != (current_r, current_targets, current_layers):
             raise AdapterError(
-                f"adapter {path} has r={saved.get('r')} targets={sorted(saved.get('target_modules') or [])} "
-                f"layers={saved_layers or 'all'}, the policy has r={current.r} "
-                f"targets={sorted(current.target_modules)} layers={current_layers or 'all'}"
+                f"adapter {path} has r={saved_r} targets={saved_targets} layers={saved_layers or 'all'}, the policy "
+                f"has r={current_r} targets={current_targets} layers={current_layers or 'all'}"
             )
         state = load_file(str(path / ADAPTER_WEIGHTS), device=str(self.device))
         result = set_peft_model_state_dict(self.model, state)
