@@ -162,7 +162,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path, chat_template: str | None = Non
 
 
 def cpu_supports_bf16() -> bool:
-    """Native bf16 matmuls on this CPU (AVX512-BF16 or AMX), where bf16 is faster than fp32."""
+    """Native bf16 matmuls on this CPU (AVX512-BF16 or AMX). Measured here: with AMX bf16 matmuls ran at
+    400-800 GFLOP/s; with AVX512-BF16 alone the policy's forward and backward took as long as in fp32."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
