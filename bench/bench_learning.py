@@ -143,7 +143,7 @@ def spread(config, instances, model: Path) -> dict[str, Any]:
 
 
 def run() -> dict[str, Any]:
-    from memalpha.checkpoint import read_best
+    from memalpha.checkpoint import policy_adapter, read_best
     from memalpha.config import load_config
     from memalpha.trainer import SFT_DIR, Trainer
 
@@ -206,7 +206,7 @@ def run() -> dict[str, Any]:
     else:  # no step fit: the trained policy is the warm start, already evaluated
         methods["trained"] = dict(methods["warm_start"])
     if best["step"] != trainer.step and time.perf_counter() - started + greedy_eval_s <= BUDGET_S:
-        methods["trained_last"] = compare(config, instances, "policy", checkpoint / "adapter")
+        methods["trained_last"] = compare(config, instances, "policy", policy_adapter(checkpoint))
     trained, warm, rag = methods["trained"], methods["warm_start"], methods["rag"]
     results = {
         "methods": methods,

@@ -2,6 +2,7 @@
 
 Layout of `run_dir/checkpoints/step-000010/`:
     adapter/            LoRA weights (safetensors) + adapter config
+    average/            the mean of the adapter weights since grpo.average_from (only when it is on)
     optimizer.pt        AdamW state          scheduler.pt   LR schedule state
     rng.pt              python, numpy, torch and the rollout sampler's generator states
     state.json          step, data position, config training hash, metrics of steps 1..step
@@ -27,6 +28,7 @@ import torch
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "state.json"
 ADAPTER = "adapter"
+AVERAGE = "average"
 BEST = "best"
 BEST_FILE = "best.json"
 
@@ -77,14 +79,19 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler,
     generator: torch.Generator,
+    average: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write the checkpoint for `state.step` atomically; returns its folder."""
+    """Write the checkpoint for `state.step` atomically; returns its folder. `average`: the trainer's weight
+    average (`policy.adapter_weights()` names), written as a second adapter."""
     final = checkpoint_dir(run_dir, state.step)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     policy.save_adapter(tmp / ADAPTER)
+    if average is not None:
+        with policy.using_adapter_weights(average):
+            policy.save_adapter(tmp / AVERAGE)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(capture_rng(generator), tmp / "rng.pt")
@@ -123,6 +130,12 @@ def read_best(run_dir: Path) -> dict[str, Any] | None:
     """{"step", "score"} of run_dir/best, or None before any held-out evaluation."""
     path = Path(run_dir) / BEST / BEST_FILE
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def policy_adapter(checkpoint: Path) -> Path:
+    """The adapter a checkpoint's policy is: its weight average when the run keeps one, else the trained one."""
+    checkpoint = Path(checkpoint)
+    return checkpoint / AVERAGE if (checkpoint / AVERAGE).is_dir() else checkpoint / ADAPTER
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

@@ -234,6 +234,12 @@ class GRPOConfig(_Section):
     """Samples that share a prompt (a step-level group) run it forward once and reuse its KV cache for
     their completions, as one micro-batch, and the prefix all those prompts share runs once per update.
     Same loss and gradients as the plain path (not for bnpo, whose loss depends on the micro-batch layout)."""
+    average_from: int = Field(0, ge=0)
+    """From this step on the trainer keeps the uniform mean of the adapter weights after each step
+    (stochastic weight averaging, Izmailov et al. 2018), and the held-out evaluation, `best/` and a
+    checkpoint's policy (`checkpoint.policy_adapter`) are that mean; training goes on from the last
+    weights. 0: off. The A and B matrices are averaged separately, close to averaging B @ A while they
+    move little between steps of one run (`average_adapters` is the exact average of separate runs)."""
     checkpoint_every: int = Field(5, ge=1)
     eval_every: int = Field(10, ge=1)
     """Held-out evaluation (greedy, validation split) every this many steps and at the end."""

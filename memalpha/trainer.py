@@ -20,6 +20,7 @@ import shutil
 import time
 import warnings
 from collections import Counter
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -27,9 +28,10 @@ from typing import Callable
 import numpy as np
 import polars as pl
 import torch
+from torch.optim.swa_utils import get_swa_multi_avg_fn
 
-from memalpha.checkpoint import (ADAPTER, BEST, CheckpointState, latest_checkpoint, load_checkpoint, read_best, read_state,
-                                 save_best, save_checkpoint)
+from memalpha.checkpoint import (ADAPTER, AVERAGE, BEST, CheckpointState, latest_checkpoint, load_checkpoint, read_best,
+                                 read_state, save_best, save_checkpoint)
 from memalpha.config import WARM_START_BUDGET_SHARE, RunConfig, step_would_overrun, training_fields
 from memalpha.data.schema import Instance
 from memalpha.episode import thin_distractors, truncate_for_training
@@ -221,6 +223,8 @@ class Trainer:
             self.reference = self.policy.adapter_weights()
         """The KL term's reference weights (before any GRPO update; a resumed run loads the warm start first);
         None: the base model, when there is a KL term."""
+        self.average: dict[str, torch.Tensor] | None = None
+        """The mean of the adapter weights after steps grpo.average_from..step; None before, or when off."""
         self.params = self.policy.trainable_parameters()
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         warmup = cfg.warmup_steps
@@ -306,6 +310,8 @@ class Trainer:
             self.scheduler.step()
         update_s = time.perf_counter() - update_start
         self.step += 1
+        if cfg.average_from and self.step >= cfg.average_from:
+            self._add_to_average()
         metrics = self._metrics(batch, rewards, groups, zero_std, update)
         metrics.update(before)
         metrics.update({
@@ -326,6 +332,20 @@ class Trainer:
         with open(self.run_dir / METRICS_FILE, "a") as fh:
             fh.write(json.dumps({"step": self.step, **metrics}) + "\n")
         return StepResult(self.step, metrics, samples_frame(samples), rollout_memories(batch), batch.trace)
+
+    def _add_to_average(self) -> None:
+        """Fold the weights after this step into `average`, the uniform mean since grpo.average_from."""
+        current = self.policy.adapter_weights()
+        if self.average is None:
+            self.average = current
+            return
+        names = list(self.average)
+        averaged_before = self.step - self.config.grpo.average_from
+        get_swa_multi_avg_fn()([self.average[n] for n in names], [current[n] for n in names], averaged_before)
+
+    def _evaluated_weights(self) -> AbstractContextManager:
+        """The weights the run stands for, to evaluate and keep as best: the average once there is one."""
+        return nullcontext() if self.average is None else self.policy.using_adapter_weights(self.average)
 
     def _collate(self, chosen: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """[left-padded prompt | right-padded completion] rows, attention mask, completion mask, width."""
@@ -477,8 +497,9 @@ class Trainer:
         if not instances:
             raise UserError(f"{self.config.data.train_path}: no {split!r} instances to evaluate on")
         started = time.perf_counter()
-        batch = collect_rollouts(self.policy, instances, self.config, num_generations=1, generator=None,
-                                 reader=self.reader, judge=self.judge, greedy=True, reader_view_mode="retrieve")
+        with self._evaluated_weights():
+            batch = collect_rollouts(self.policy, instances, self.config, num_generations=1, generator=None,
+                                     reader=self.reader, judge=self.judge, greedy=True, reader_view_mode="retrieve")
         return evaluation_metrics(batch, time.perf_counter() - started)
 
     def validate(self) -> dict[str, float]:
@@ -487,7 +508,8 @@ class Trainer:
         metrics = self.evaluate("validation")
         best = read_best(self.run_dir)
         if self.step == 0 or best is None or metrics["eval/qa_score"] > best["score"]:
-            save_best(self.run_dir, self.policy, self.step, metrics["eval/qa_score"])
+            with self._evaluated_weights():
+                save_best(self.run_dir, self.policy, self.step, metrics["eval/qa_score"])
             best = {"step": self.step, "score": metrics["eval/qa_score"]}
         return {**metrics, "best/step": float(best["step"]), "best/qa_score": best["score"]}
 
@@ -505,7 +527,7 @@ class Trainer:
             metrics=self.history, config=self.config.model_dump(mode="json"),
         )
         return save_checkpoint(self.run_dir, state, policy=self.policy, optimizer=self.optimizer,
-                               scheduler=self.scheduler, generator=self.generator)
+                               scheduler=self.scheduler, generator=self.generator, average=self.average)
 
     def maybe_resume(self, checkpoint: str | Path | None = None) -> bool:
         """Continue from `checkpoint` (default: the latest in run_dir/checkpoints); False when there is none.
@@ -525,6 +547,9 @@ class Trainer:
                 f"config hashes to {current}" + (f" (changed: {', '.join(changed)})" if changed else "")
                 + "; resume with the original config, use another output folder, or force it (--force)"
             )
+        if (path / AVERAGE).is_dir():  # read through the policy, whose own weights the next line restores
+            self.policy.load_adapter(path / AVERAGE)
+            self.average = self.policy.adapter_weights()
         load_checkpoint(path, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
                         generator=self.generator)
         self.step = state.step

@@ -21,7 +21,7 @@ import polars as pl
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from memalpha.checkpoint import ADAPTER, BEST, checkpoint_dir, read_best, step_name
+from memalpha.checkpoint import ADAPTER, BEST, checkpoint_dir, policy_adapter, read_best, step_name
 from memalpha.config import GRPOConfig, RunConfig
 from tasks import plots, tracking
 
@@ -320,7 +320,7 @@ def register_model(config: RunConfig, run_dir: str, run_id: str, checkpoint: str
     client = tracking.configure()
     path = Path(run_dir)
     best = read_best(path)
-    adapter = path / BEST / ADAPTER if best else Path(checkpoint) / ADAPTER
+    adapter = path / BEST / ADAPTER if best else policy_adapter(checkpoint)
     policy = load_policy(config.model, adapter=adapter, trainable=False, seed=config.grpo.seed)
     base = _base_model_path(config, policy, path)
     name = config.tracking.registered_model if register else None

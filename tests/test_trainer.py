@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from memalpha.checkpoint import read_best
+from memalpha.checkpoint import policy_adapter, read_best
 from memalpha.errors import UserError
 from memalpha.models.policy import load_policy
-from memalpha.trainer import METRICS_FILE, SFT_DIR, Trainer
+from memalpha.trainer import METRICS_FILE, SFT_DIR, Trainer, collect_rollouts
 from test_rollout import make_dataset, random_adapter, tiny_config  # noqa: F401  (fixture re-export)
 
 VOLATILE = ("timing/", "throughput/", "eval/seconds", "warm_start/eval/seconds")
@@ -135,6 +135,46 @@ def test_resume_refuses_a_changed_training_config(finished):
     assert Trainer(_config(data, "grpo.epsilon=0.3"), run, force=True).maybe_resume()
     # more steps is not a different training computation
     assert Trainer(_config(data, "grpo.steps=5"), run).maybe_resume()
+
+
+def test_weight_averaging_keeps_the_mean_evaluates_it_and_resumes_exactly(tmp_path, random_adapter, monkeypatch):  # noqa: F811
+    data = make_dataset(tmp_path / "data")
+    config = _config(data, "grpo.average_from=2")
+    trainer = Trainer(config, _run_dir(tmp_path, random_adapter))
+    after_step = []
+    assert trainer.train(lambda _: after_step.append(trainer.policy.adapter_weights())).name == "step-000003"
+    assert trainer.average is not None
+    for name, averaged in trainer.average.items():  # the mean of steps 2 and 3, step 1 left out
+        assert torch.allclose(averaged, (after_step[1][name] + after_step[2][name]) / 2, atol=1e-7), name
+    assert any(not torch.equal(trainer.average[n], after_step[2][n]) for n in trainer.average)
+    # training goes on from the last weights, not from the average
+    assert all(torch.equal(p, after_step[2][n]) for n, p in trainer.policy.model.named_parameters() if p.requires_grad)
+
+    seen = []
+
+    def spying_collect(policy, *args, **kwargs):
+        seen.append(policy.adapter_weights())
+        return collect_rollouts(policy, *args, **kwargs)
+
+    monkeypatch.setattr("memalpha.trainer.collect_rollouts", spying_collect)
+    trainer.evaluate()
+    assert all(torch.equal(seen[0][n], trainer.average[n]) for n in trainer.average)  # evaluated: the average
+    assert all(torch.equal(p, after_step[2][n]) for n, p in trainer.policy.model.named_parameters() if p.requires_grad)
+    monkeypatch.undo()
+
+    last = tmp_path / "run" / "checkpoints" / "step-000003"
+    assert policy_adapter(last) == last / "average"
+    saved = load_file(last / "average" / "adapter_model.safetensors")
+    trained = load_file(last / "adapter" / "adapter_model.safetensors")
+    assert saved.keys() == trained.keys() and any(not torch.equal(saved[k], trained[k]) for k in saved)
+    # at step 2 the average held one step; resumed there, step 3 makes the same mean
+    copy = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "run", copy)
+    shutil.rmtree(copy / "checkpoints" / "step-000003")
+    resumed = Trainer(config, copy)
+    assert resumed.maybe_resume() and resumed.step == 2
+    resumed.train_step()
+    assert all(torch.allclose(resumed.average[n], trainer.average[n], atol=1e-7) for n in trainer.average)
 
 
 def test_a_time_budget_ends_training_at_the_last_step_that_fits_and_evaluates_it(finished, tmp_path, monkeypatch):

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
-from memalpha.checkpoint import ADAPTER, BEST, latest_checkpoint
+from memalpha.checkpoint import ADAPTER, BEST, latest_checkpoint, policy_adapter
 from memalpha.config import EVAL_METHODS, RunConfig
 from memalpha.data.schema import Instance
 from memalpha.episode import Episode, answers_lost, whole_memory_text
@@ -351,12 +351,12 @@ def resolve_adapter(model: str | Path) -> Path:
     if (path / ADAPTER_CONFIG).is_file():
         return path
     if (path / ADAPTER / ADAPTER_CONFIG).is_file():
-        return path / ADAPTER
+        return policy_adapter(path)
     if (path / BEST / ADAPTER / ADAPTER_CONFIG).is_file():
         return path / BEST / ADAPTER
     latest = latest_checkpoint(path)
     if latest is not None and (latest / ADAPTER / ADAPTER_CONFIG).is_file():
-        return latest / ADAPTER
+        return policy_adapter(latest)
     if (path / MLMODEL).is_file():
         adapter = path / (transformers_flavor(path).get("peft_adaptor") or "peft_adaptor")
         if (adapter / ADAPTER_CONFIG).is_file():
