@@ -547,7 +547,9 @@ class Trainer:
                 f"config hashes to {current}" + (f" (changed: {', '.join(changed)})" if changed else "")
                 + "; resume with the original config, use another output folder, or force it (--force)"
             )
-        if (path / AVERAGE).is_dir():  # read through the policy, whose own weights the next line restores
+        # the mean is read through the policy, whose own weights load_checkpoint restores; a run resumed
+        # (forced) with averaging off drops it
+        if self.config.grpo.average_from and (path / AVERAGE).is_dir():
             self.policy.load_adapter(path / AVERAGE)
             self.average = self.policy.adapter_weights()
         load_checkpoint(path, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,

@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from memalpha.checkpoint import policy_adapter, read_best
 from memalpha.errors import UserError
+from memalpha.evaluation.methods import resolve_adapter
 from memalpha.models.policy import load_policy
 from memalpha.trainer import METRICS_FILE, SFT_DIR, Trainer, collect_rollouts
 from test_rollout import make_dataset, random_adapter, tiny_config  # noqa: F401  (fixture re-export)
@@ -163,7 +164,7 @@ def test_weight_averaging_keeps_the_mean_evaluates_it_and_resumes_exactly(tmp_pa
     monkeypatch.undo()
 
     last = tmp_path / "run" / "checkpoints" / "step-000003"
-    assert policy_adapter(last) == last / "average"
+    assert policy_adapter(last) == resolve_adapter(last) == last / "average"
     saved = load_file(last / "average" / "adapter_model.safetensors")
     trained = load_file(last / "adapter" / "adapter_model.safetensors")
     assert saved.keys() == trained.keys() and any(not torch.equal(saved[k], trained[k]) for k in saved)
