@@ -156,6 +156,16 @@ def read_state(path: Path) -> CheckpointState:
     )
 
 
+def load_average(path: Path, policy) -> dict[str, torch.Tensor] | None:
+    """The weight average a checkpoint keeps (`policy.adapter_weights()` names), or None when it has none.
+    It is read through the policy's adapter: load the checkpoint's own weights after it (load_checkpoint)."""
+    path = Path(path) / AVERAGE
+    if not path.is_dir():
+        return None
+    policy.load_adapter(path)
+    return policy.adapter_weights()
+
+
 def load_checkpoint(
     path: Path, *, policy, optimizer: torch.optim.Optimizer, scheduler, generator: torch.Generator
 ) -> CheckpointState:

@@ -30,8 +30,8 @@ import polars as pl
 import torch
 from torch.optim.swa_utils import get_swa_multi_avg_fn
 
-from memalpha.checkpoint import (ADAPTER, AVERAGE, BEST, CheckpointState, latest_checkpoint, load_checkpoint, read_best,
-                                 read_state, save_best, save_checkpoint)
+from memalpha.checkpoint import (ADAPTER, BEST, CheckpointState, latest_checkpoint, load_average, load_checkpoint,
+                                 read_best, read_state, save_best, save_checkpoint)
 from memalpha.config import WARM_START_BUDGET_SHARE, RunConfig, step_would_overrun, training_fields
 from memalpha.data.schema import Instance
 from memalpha.episode import thin_distractors, truncate_for_training
@@ -335,13 +335,13 @@ class Trainer:
 
     def _add_to_average(self) -> None:
         """Fold the weights after this step into `average`, the uniform mean since grpo.average_from."""
-        current = self.policy.adapter_weights()
         if self.average is None:
-            self.average = current
+            self.average = self.policy.adapter_weights()
             return
+        live = dict(self.policy.model.named_parameters())
         names = list(self.average)
         averaged_before = self.step - self.config.grpo.average_from
-        get_swa_multi_avg_fn()([self.average[n] for n in names], [current[n] for n in names], averaged_before)
+        get_swa_multi_avg_fn()([self.average[n] for n in names], [live[n].detach() for n in names], averaged_before)
 
     def _evaluated_weights(self) -> AbstractContextManager:
         """The weights the run stands for, to evaluate and keep as best: the average once there is one."""
@@ -547,11 +547,8 @@ class Trainer:
                 f"config hashes to {current}" + (f" (changed: {', '.join(changed)})" if changed else "")
                 + "; resume with the original config, use another output folder, or force it (--force)"
             )
-        # the mean is read through the policy, whose own weights load_checkpoint restores; a run resumed
-        # (forced) with averaging off drops it
-        if self.config.grpo.average_from and (path / AVERAGE).is_dir():
-            self.policy.load_adapter(path / AVERAGE)
-            self.average = self.policy.adapter_weights()
+        # a run resumed (forced) with averaging off drops the checkpoint's mean
+        self.average = load_average(path, self.policy) if self.config.grpo.average_from else None
         load_checkpoint(path, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
                         generator=self.generator)
         self.step = state.step
