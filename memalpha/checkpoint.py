@@ -156,25 +156,21 @@ def read_state(path: Path) -> CheckpointState:
     )
 
 
-def load_average(path: Path, policy) -> dict[str, torch.Tensor] | None:
-    """The weight average a checkpoint keeps (`policy.adapter_weights()` names), or None when it has none.
-    It is read through the policy's adapter: load the checkpoint's own weights after it (load_checkpoint)."""
-    path = Path(path) / AVERAGE
-    if not path.is_dir():
-        return None
-    policy.load_adapter(path)
-    return policy.adapter_weights()
-
-
 def load_checkpoint(
-    path: Path, *, policy, optimizer: torch.optim.Optimizer, scheduler, generator: torch.Generator
-) -> CheckpointState:
-    """Restore adapter, optimizer, scheduler and RNG states in place; returns the JSON state."""
+    path: Path, *, policy, optimizer: torch.optim.Optimizer, scheduler, generator: torch.Generator,
+    with_average: bool = False,
+) -> dict[str, torch.Tensor] | None:
+    """Restore adapter, optimizer, scheduler and RNG states in place. With `with_average`, returns the
+    checkpoint's weight average (`policy.adapter_weights()` names) when it keeps one; else None."""
     path = Path(path)
-    state = read_state(path)
+    average = None
+    if with_average and (path / AVERAGE).is_dir():
+        # read through the policy's adapter, before the checkpoint's own weights replace it
+        policy.load_adapter(path / AVERAGE)
+        average = policy.adapter_weights()
     policy.load_adapter(path / ADAPTER)
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
     # our own file: python/numpy RNG states are tuples and arrays, which weights_only rejects
     restore_rng(torch.load(path / "rng.pt", weights_only=False), generator)
-    return state
+    return average

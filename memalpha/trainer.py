@@ -30,7 +30,7 @@ import polars as pl
 import torch
 from torch.optim.swa_utils import get_swa_multi_avg_fn
 
-from memalpha.checkpoint import (ADAPTER, BEST, CheckpointState, latest_checkpoint, load_average, load_checkpoint,
+from memalpha.checkpoint import (ADAPTER, BEST, CheckpointState, latest_checkpoint, load_checkpoint,
                                  read_best, read_state, save_best, save_checkpoint)
 from memalpha.config import WARM_START_BUDGET_SHARE, RunConfig, step_would_overrun, training_fields
 from memalpha.data.schema import Instance
@@ -548,9 +548,8 @@ class Trainer:
                 + "; resume with the original config, use another output folder, or force it (--force)"
             )
         # a run resumed (forced) with averaging off drops the checkpoint's mean
-        self.average = load_average(path, self.policy) if self.config.grpo.average_from else None
-        load_checkpoint(path, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
-                        generator=self.generator)
+        self.average = load_checkpoint(path, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
+                                       generator=self.generator, with_average=bool(self.config.grpo.average_from))
         self.step = state.step
         self.epoch, self.position = state.data_position["epoch"], state.data_position["position"]
         self.history = list(state.metrics)
