@@ -120,9 +120,20 @@ def run_and_report(name: str) -> str:
     return status
 
 
+def earlier_statuses(summary: Path) -> dict[str, str]:
+    """The status column of an existing SUMMARY.md, so that running one benchmark keeps what earlier runs
+    reported about the others; their "this run" becomes "an earlier run"."""
+    if not summary.is_file():
+        return {}
+    rows = [line.strip().strip("|").split("|") for line in summary.read_text().splitlines() if line.startswith("|")]
+    return {cells[0].strip(): cells[1].strip().replace("this run", "an earlier run")
+            for cells in rows if len(cells) > 1 and cells[0].strip() not in ("benchmark", "---")}
+
+
 def write_summary(statuses: dict[str, str], out_dir: Path = RESULTS_DIR) -> Path:
     """SUMMARY.md over every result file present, marking those this run produced or failed."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    earlier = earlier_statuses(out_dir / "SUMMARY.md")
     lines = ["# Benchmark summary", "", "| benchmark | status | finished (UTC) | load avg | CPU | results |", "|---|---|---|---|---|---|"]
     reports = {p.stem for p in out_dir.glob("*.json") if p.with_suffix(".md").exists()}  # not inputs such as rollout_before
     for name in sorted(set(statuses) | reports):
@@ -133,7 +144,7 @@ def write_summary(statuses: dict[str, str], out_dir: Path = RESULTS_DIR) -> Path
         cpu = machine.get("cpu", "")
         if cpu:
             cpu += ", bf16" if machine.get("cpu_native_bf16") else ", no native bf16"
-        status = statuses.get(name, "from an earlier run")
+        status = statuses.get(name) or earlier.get(name, "from an earlier run")
         lines.append(f"| {name} | {status} | {meta.get('finished_at', '')} | {machine.get('load_average_1m_at_end', '')} | {cpu} "
                      f"| [{name}.md]({name}.md) |")
     summary = out_dir / "SUMMARY.md"

@@ -19,6 +19,19 @@ def test_summary_lists_reports_and_leaves_out_inputs_without_a_report(tmp_path):
     assert "rollout_before" not in summary
 
 
+def test_a_partial_run_keeps_the_status_earlier_runs_reported_for_the_others(tmp_path):
+    for name in ("learning", "memory"):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"finished_at": "2026-11-26T14:08:03+00:00"}))
+        (tmp_path / f"{name}.md").write_text(f"# Benchmark: {name}\n")
+    write_summary({"learning": "ok (3381.2 s, this run)", "memory": "FAILED (2.0 s, this run)"}, tmp_path)
+
+    summary = write_summary({"memory": "ok (41.0 s, this run)"}, tmp_path).read_text()
+
+    assert "| learning | ok (3381.2 s, an earlier run) |" in summary
+    assert "| memory | ok (41.0 s, this run) |" in summary
+    assert summary.count("| learning |") == 1
+
+
 def test_results_name_the_cpu_and_whether_it_has_native_bf16(tmp_path, monkeypatch):
     from bench import run_all
 
