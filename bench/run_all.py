@@ -144,7 +144,7 @@ def write_summary(statuses: dict[str, str], out_dir: Path = RESULTS_DIR) -> Path
         cpu = machine.get("cpu", "")
         if cpu:
             cpu += ", bf16" if machine.get("cpu_native_bf16") else ", no native bf16"
-        status = statuses.get(name) or earlier.get(name, "from an earlier run")
+        status = statuses.get(name, earlier.get(name, "from an earlier run"))
         lines.append(f"| {name} | {status} | {meta.get('finished_at', '')} | {machine.get('load_average_1m_at_end', '')} | {cpu} "
                      f"| [{name}.md]({name}.md) |")
     summary = out_dir / "SUMMARY.md"
