@@ -1,9 +1,10 @@
 """Run every benchmark module `bench/bench_<name>.py` (or the names given) and write its results.
 
 Each module exposes `run() -> dict` and optionally `to_markdown(results) -> str`. Results go to
-bench/results/<name>.json and <name>.md; bench/results/SUMMARY.md lists every run. A benchmark that
-fails is reported and the others still run; the exit status is 1 if any failed. One that cannot run on
-this machine (bench_rollout_gpu without CUDA) raises BenchmarkSkipped and is reported as skipped.
+bench/results/<name>.json and <name>.md; bench/results/statuses.json keeps each benchmark's latest status and
+bench/results/SUMMARY.md lists every report with it. A benchmark that fails is reported and the others
+still run; the exit status is 1 if any failed. One that cannot run on this machine (bench_rollout_gpu
+without CUDA) raises BenchmarkSkipped and is reported as skipped.
 
     python -m bench.run_all            # all benchmarks
     python -m bench.run_all memory     # only bench_memory
@@ -29,6 +30,7 @@ from memalpha.models.loading import cpu_supports_bf16
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
+STATUS_FILE = "statuses.json"  # benchmark name -> status of its latest run
 
 
 def discover() -> list[str]:
@@ -120,22 +122,32 @@ def run_and_report(name: str) -> str:
     return status
 
 
-def earlier_statuses(summary: Path) -> dict[str, str]:
-    """The status column of an existing SUMMARY.md, so that running one benchmark keeps what earlier runs
-    reported about the others; their "this run" becomes "an earlier run"."""
-    if not summary.is_file():
+def recorded_statuses(out_dir: Path = RESULTS_DIR) -> dict[str, str]:
+    """The status each benchmark's latest run reported, from STATUS_FILE. A separate file, not a field of
+    <name>.json: a run that fails or is skipped writes no results, and its status must not overwrite the
+    numbers an earlier run left there."""
+    path = out_dir / STATUS_FILE
+    if not path.is_file():
         return {}
-    rows = [line.strip().strip("|").split("|") for line in summary.read_text().splitlines() if line.startswith("|")]
-    return {cells[0].strip(): cells[1].strip().replace("this run", "an earlier run")
-            for cells in rows if len(cells) > 1 and cells[0].strip() not in ("benchmark", "---")}
+    try:
+        statuses = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc}); fix it or delete it to start the statuses afresh") from exc
+    if not isinstance(statuses, dict) or not all(isinstance(v, str) for v in statuses.values()):
+        raise ValueError(f"{path}: expected one JSON object of benchmark name -> status text")
+    return statuses
 
 
 def write_summary(statuses: dict[str, str], out_dir: Path = RESULTS_DIR) -> Path:
-    """SUMMARY.md over every result file present, marking those this run produced or failed."""
+    """Record this run's statuses in STATUS_FILE beside those of earlier runs (their "this run" becomes
+    "an earlier run") and write SUMMARY.md over every result file present."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    earlier = earlier_statuses(out_dir / "SUMMARY.md")
+    earlier = {name: status.replace("this run", "an earlier run") for name, status in recorded_statuses(out_dir).items()}
+    merged = dict(sorted({**earlier, **statuses}.items()))
+    _write_atomically(out_dir / STATUS_FILE, json.dumps(merged, indent=2) + "\n")
     lines = ["# Benchmark summary", "", "| benchmark | status | finished (UTC) | load avg | CPU | results |", "|---|---|---|---|---|---|"]
-    reports = {p.stem for p in out_dir.glob("*.json") if p.with_suffix(".md").exists()}  # not inputs such as rollout_before
+    # a report is a <name>.json with its <name>.md; inputs such as rollout_before.json have none
+    reports = {p.stem for p in out_dir.glob("*.json") if p.with_suffix(".md").exists() and p.name != STATUS_FILE}
     for name in sorted(set(statuses) | reports):
         path = out_dir / f"{name}.json"
         meta = json.loads(path.read_text()) if path.exists() else {}
@@ -144,12 +156,19 @@ def write_summary(statuses: dict[str, str], out_dir: Path = RESULTS_DIR) -> Path
         cpu = machine.get("cpu", "")
         if cpu:
             cpu += ", bf16" if machine.get("cpu_native_bf16") else ", no native bf16"
-        status = statuses.get(name, earlier.get(name, "from an earlier run"))
+        status = merged.get(name, "from an earlier run")
         lines.append(f"| {name} | {status} | {meta.get('finished_at', '')} | {machine.get('load_average_1m_at_end', '')} | {cpu} "
                      f"| [{name}.md]({name}.md) |")
     summary = out_dir / "SUMMARY.md"
-    summary.write_text("\n".join(lines) + "\n")
+    _write_atomically(summary, "\n".join(lines) + "\n")
     return summary
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write then rename, so that an interrupted run leaves the previous file whole."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:

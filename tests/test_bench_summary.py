@@ -1,4 +1,5 @@
-"""bench/run_all.py: SUMMARY.md has one row per report and none for input files; a benchmark that cannot run here is skipped."""
+"""bench/run_all.py: SUMMARY.md has one row per report and none for input files, with the status each benchmark's latest
+run recorded in statuses.json; a benchmark that cannot run here is skipped."""
 
 import json
 
@@ -30,6 +31,25 @@ def test_a_partial_run_keeps_the_status_earlier_runs_reported_for_the_others(tmp
     assert "| learning | ok (3381.2 s, an earlier run) |" in summary
     assert "| memory | ok (41.0 s, this run) |" in summary
     assert summary.count("| learning |") == 1
+    assert json.loads((tmp_path / "statuses.json").read_text()) == {"learning": "ok (3381.2 s, an earlier run)",
+                                                                     "memory": "ok (41.0 s, this run)"}
+    assert "statuses" not in summary
+
+
+def test_statuses_survive_a_deleted_summary_and_a_broken_status_file_is_named_not_overwritten(tmp_path):
+    (tmp_path / "rollout.json").write_text(json.dumps({"finished_at": "2026-11-25T01:32:22+00:00"}))
+    (tmp_path / "rollout.md").write_text("# Benchmark: rollout\n")
+    write_summary({"rollout": "skipped: needs a CUDA GPU (0.1 s, this run)"}, tmp_path)
+    (tmp_path / "SUMMARY.md").unlink()
+
+    assert "| rollout | skipped: needs a CUDA GPU (0.1 s, an earlier run) |" in write_summary({}, tmp_path).read_text()
+
+    (tmp_path / "statuses.json").write_text("{not json")
+    before = (tmp_path / "SUMMARY.md").read_text()
+    with pytest.raises(ValueError, match="statuses.json: not valid JSON"):
+        write_summary({"rollout": "ok (1.0 s, this run)"}, tmp_path)
+    assert (tmp_path / "statuses.json").read_text() == "{not json"
+    assert (tmp_path / "SUMMARY.md").read_text() == before
 
 
 def test_results_name_the_cpu_and_whether_it_has_native_bf16(tmp_path, monkeypatch):
