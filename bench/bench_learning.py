@@ -96,13 +96,13 @@ def training_data() -> Path:
     return TRAIN_DATA
 
 
-def test_instances() -> list:
-    """The held-out instances, chunked with the default policy's tokenizer like the training data, so
-    that the test set is the same text whichever policy is trained."""
+def test_instances(count: int = TEST_INSTANCES) -> list:
+    """The first `count` held-out instances, chunked with the default policy's tokenizer like the training
+    data, so that the test set is the same text whichever policy is trained."""
     from memalpha.data.synth import generate
     from memalpha.models.loading import default_model_dir, load_tokenizer
 
-    return generate(synth_config(TEST_INSTANCES, TEST_SEED), load_tokenizer(str(default_model_dir())))
+    return generate(synth_config(count, TEST_SEED), load_tokenizer(str(default_model_dir())))
 
 
 def compare(config, instances, method: str, model: Path | None = None) -> dict[str, Any]:

@@ -144,7 +144,7 @@ def write_summary(statuses: dict[str, str], out_dir: Path = RESULTS_DIR) -> Path
     out_dir.mkdir(parents=True, exist_ok=True)
     earlier = {name: status.replace("this run", "an earlier run") for name, status in recorded_statuses(out_dir).items()}
     merged = dict(sorted({**earlier, **statuses}.items()))
-    _write_atomically(out_dir / STATUS_FILE, json.dumps(merged, indent=2) + "\n")
+    write_atomically(out_dir / STATUS_FILE, json.dumps(merged, indent=2) + "\n")
     lines = ["# Benchmark summary", "", "| benchmark | status | finished (UTC) | load avg | CPU | results |", "|---|---|---|---|---|---|"]
     # a report is a <name>.json with its <name>.md; inputs such as rollout_before.json have none
     reports = {p.stem for p in out_dir.glob("*.json") if p.with_suffix(".md").exists() and p.name != STATUS_FILE}
@@ -160,11 +160,11 @@ def write_summary(statuses: dict[str, str], out_dir: Path = RESULTS_DIR) -> Path
         lines.append(f"| {name} | {status} | {meta.get('finished_at', '')} | {machine.get('load_average_1m_at_end', '')} | {cpu} "
                      f"| [{name}.md]({name}.md) |")
     summary = out_dir / "SUMMARY.md"
-    _write_atomically(summary, "\n".join(lines) + "\n")
+    write_atomically(summary, "\n".join(lines) + "\n")
     return summary
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
     """Write then rename, so that an interrupted run leaves the previous file whole."""
     partial = path.with_name(path.name + ".partial")
     partial.write_text(text)
