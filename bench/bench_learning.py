@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from memalpha.metrics import CONFLICT_MEMORY_STATES
+
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = int(os.environ.get("MEMALPHA_BENCH_LEARNING_STEPS", "60"))
 BUDGET_S = float(os.environ.get("MEMALPHA_BENCH_LEARNING_BUDGET_S", str(60 * 60)))
@@ -123,7 +125,26 @@ def compare(config, instances, method: str, model: Path | None = None) -> dict[s
         "stale_answers": int(stale),
         "seconds": round(sum(result.info["method_seconds"].values()), 1),
     }
+    if result.memories:
+        out["conflict_memory"] = conflict_memory_counts(instances, result.memories)
     return out
+
+
+def conflict_memory_counts(instances, memories: list[dict[str, Any]]) -> dict[str, int]:
+    """Conflict questions by what the finished memory holds for them (`metrics.conflict_memory_state`):
+    where a memory method loses conflict resolution, to shadowed values or to changes it never stored."""
+    from memalpha.episode import whole_memory_text
+    from memalpha.memory import MemoryStore
+    from memalpha.metrics import conflict_memory_state
+    from memalpha.models.readers import EvidenceReader
+
+    texts = {m["instance_id"]: whole_memory_text(MemoryStore.from_dict(m["memory"])) for m in memories}
+    reader, counts = EvidenceReader(), dict.fromkeys(CONFLICT_MEMORY_STATES, 0)
+    for instance in instances:
+        for q in instance.questions:
+            if q.superseded_answers and instance.instance_id in texts:
+                counts[conflict_memory_state(reader.answer_one(texts[instance.instance_id], q), q.answers, q.superseded_answers)] += 1
+    return counts
 
 
 def with_completion_budget(config, tokens: int):
@@ -334,6 +355,11 @@ def to_markdown(results: dict[str, Any]) -> str:
     for budget, m in results.get("rule_writer_by_budget", {}).items():
         lines.append(f"| {budget} | {m['qa']:.3f} | " + " | ".join(f"{m['qa_by_competency'][c]:.3f}" for c in COMPETENCIES)
                      + f" | {m['memory_tokens']:.0f} | {m['stale_answers']} |")
+    held = {name: m["conflict_memory"] for name, m in results["methods"].items() if "conflict_memory" in m}
+    if held:
+        lines += ["", "## Conflict questions by what the final memory holds", "",
+                  "| method | current value only | both values | superseded only | neither |", "|---|---|---|---|---|"]
+        lines += [f"| {name} | " + " | ".join(str(c[state]) for state in CONFLICT_MEMORY_STATES) + " |" for name, c in held.items()]
     lines += ["", "`answers lost`: per instance, answers the memory held after some chunk and no longer held at the end.",
               "", "## GRPO curve", "",
               "| step | reward | coverage | retention | r2 | rollout QA | held-out QA | zero-std groups | step s |",

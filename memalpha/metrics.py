@@ -171,6 +171,19 @@ def states_superseded(prediction: str, answers: Iterable[Answer], superseded: It
     return any(_contains(pred.strip(), old) for old in _golds(superseded))
 
 
+CONFLICT_MEMORY_STATES = ("current", "both", "superseded", "neither")
+
+
+def conflict_memory_state(asserted: str, answers: Iterable[Answer], superseded: Iterable[Answer]) -> str:
+    """What a memory holds for one conflict question, read from `asserted`, the values its lines assert
+    (the evidence reader's answer on the whole memory): the current value only, `both` (the stale value
+    shadows the new one, so a reader cannot tell which holds), the `superseded` value only (the change was
+    not stored), or `neither`. Only `current` answers the question."""
+    current = any(_contains(normalize_answer(asserted), gold) for gold in _golds(answers))
+    stale = states_superseded(asserted, answers, superseded)
+    return CONFLICT_MEMORY_STATES[0 if current and not stale else 1 if current else 2 if stale else 3]
+
+
 def score_answer(
     prediction: str,
     answers: Answer | Sequence[Answer],

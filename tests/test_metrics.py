@@ -6,6 +6,7 @@ import pytest
 
 from memalpha.metrics import (
     boxed_em,
+    conflict_memory_state,
     exact_match,
     keyword_hit_rate,
     last_boxed,
@@ -117,3 +118,16 @@ def test_finer_question_types_use_their_competency_metric():
     assert score_answer("She lives in Paris.", ["Paris"], "single_hop") == 1.0
     assert score_answer(r"\boxed{3}", ["3"], "classification") == 1.0
     assert score_answer("red and blue", ["red", "blue", "green", "teal"], "summary") == 0.5
+
+
+@pytest.mark.parametrize(
+    ("asserted", "state"),
+    [("Paris", "current"), ("Lyon; Paris", "both"), ("Lyon", "superseded"), ("", "neither"), ("Marseille", "neither")],
+)
+def test_conflict_memory_state_names_which_values_the_memory_asserts(asserted, state):
+    assert conflict_memory_state(asserted, ["Paris"], ["Lyon"]) == state
+
+
+def test_an_old_value_inside_the_new_one_is_not_a_shadow():
+    assert conflict_memory_state("New York City", ["New York City"], ["New York"]) == "current"
+    assert conflict_memory_state("New York; New York City", ["New York City"], ["New York"]) == "both"
