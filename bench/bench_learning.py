@@ -12,8 +12,10 @@ trained policy is the adapter with the best validation QA (greedy, evaluated eve
 steps and after the last; the warm start competes too), and the last step's adapter is reported beside
 it as `trained_last` when they differ and time is left. A policy's `qa_spread` is the std over 3
 evaluations sampled at temperature 1: the warm start's is measured before GRPO, and the time it takes
-sizes the reserve kept for the trained policy's at the end. Writes learning.json, learning.md and
-learning.png (SFT curve, GRPO curve with held-out QA, the comparison).
+sizes the reserve kept for the trained policy's at the end. For memory methods, `conflict_memory` counts
+the conflict questions by what the final memory asserts (current value only, both, superseded only,
+neither). Writes learning.json, learning.md and learning.png (SFT curve, GRPO curve with held-out QA, the
+comparison).
 
     python -m bench.run_all learning
 """
