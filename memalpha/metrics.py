@@ -172,6 +172,7 @@ def states_superseded(prediction: str, answers: Iterable[Answer], superseded: It
 
 
 CONFLICT_MEMORY_STATES = ("current", "both", "superseded", "neither")
+_CONFLICT_STATE_BY_VALUES = {(True, False): "current", (True, True): "both", (False, True): "superseded", (False, False): "neither"}
 
 
 def conflict_memory_state(asserted: str, answers: Iterable[Answer], superseded: Iterable[Answer]) -> str:
@@ -179,9 +180,7 @@ def conflict_memory_state(asserted: str, answers: Iterable[Answer], superseded: 
     (the evidence reader's answer on the whole memory): the current value only, `both` (the stale value
     shadows the new one, so a reader cannot tell which holds), the `superseded` value only (the change was
     not stored), or `neither`. Only `current` answers the question."""
-    current = any(_contains(normalize_answer(asserted), gold) for gold in _golds(answers))
-    stale = states_superseded(asserted, answers, superseded)
-    return CONFLICT_MEMORY_STATES[0 if current and not stale else 1 if current else 2 if stale else 3]
+    return _CONFLICT_STATE_BY_VALUES[bool(substring_em(asserted, answers)), states_superseded(asserted, answers, superseded)]
 
 
 def score_answer(
