@@ -15,7 +15,11 @@ _LINE = re.compile(r"^([^:\n]+): (.*)$")
 def _policy_tokenizer() -> tuple[Any, str]:
     """The default policy's tokenizer (SmolLM2); the regex counter when the model is not prepared."""
     from memalpha.config import DEFAULT_POLICY
-    from memalpha.models.loading import ModelNotPreparedError, load_tokenizer, resolve_model_path
+    from memalpha.models.loading import (
+        ModelNotPreparedError,
+        load_tokenizer,
+        resolve_model_path,
+    )
     from memalpha.tokens import regex_token_count
 
     try:

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memalpha.metrics import CONFLICT_MEMORY_STATES
+from memalpha.rewards.qa import CONFLICT_MEMORY_STATES
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = int(os.environ.get("MEMALPHA_BENCH_LEARNING_STEPS", "60"))
@@ -112,7 +112,7 @@ def test_instances(count: int = TEST_INSTANCES) -> list:
 def compare(config, instances, method: str, model: Path | None = None) -> dict[str, Any]:
     """Greedy evaluation of one method on the test instances."""
     from memalpha.evaluation.runner import evaluate
-    from memalpha.metrics import states_superseded
+    from memalpha.rewards.qa import states_superseded
 
     result = evaluate(config, methods=[method], model_uri=model, instances=instances, progress=None)
     questions = result.questions
@@ -135,10 +135,10 @@ def compare(config, instances, method: str, model: Path | None = None) -> dict[s
 def conflict_memory_counts(instances, memories: list[dict[str, Any]]) -> dict[str, int]:
     """Conflict questions by what the finished memory holds for them (`metrics.conflict_memory_state`):
     where a memory method loses conflict resolution, to shadowed values or to changes it never stored."""
-    from memalpha.episode import whole_memory_text
+    from memalpha.env.episode import whole_memory_text
     from memalpha.memory import MemoryStore
-    from memalpha.metrics import conflict_memory_state
     from memalpha.models.readers import EvidenceReader
+    from memalpha.rewards.qa import conflict_memory_state
 
     texts = {m["instance_id"]: whole_memory_text(MemoryStore.from_dict(m["memory"])) for m in memories}
     reader, counts = EvidenceReader(), dict.fromkeys(CONFLICT_MEMORY_STATES, 0)
@@ -166,9 +166,10 @@ def spread(config, instances, model: Path) -> dict[str, Any]:
 
 
 def run() -> dict[str, Any]:
-    from memalpha.checkpoint import policy_adapter, read_best
     from memalpha.config import load_config
-    from memalpha.trainer import SFT_DIR, Trainer
+    from memalpha.training.checkpoint import SFT_DIR, policy_adapter, read_best
+    from memalpha.teacher.warm_start import prepare_warm_start
+    from memalpha.training.trainer import Trainer
 
     started = time.perf_counter()
     training_data()
@@ -178,6 +179,7 @@ def run() -> dict[str, Any]:
         shutil.copytree(REUSE_SFT, RUN_DIR / SFT_DIR)
     config = load_config(ROOT / "configs" / "default.yaml", [*OVERRIDES, *EXTRA_OVERRIDES, f"grpo.steps={STEPS}",
                                                              f"grpo.checkpoint_every={STEPS}"])
+    prepare_warm_start(config, RUN_DIR)
     trainer = Trainer(config, RUN_DIR)
     warm_s = time.perf_counter() - started
     sft = _sft_result(RUN_DIR / SFT_DIR)

@@ -71,13 +71,15 @@ def tested(cache: Path, evaluate) -> dict[str, Any]:
 
 def train_seed(seed: int, warm_start: Path | None, instances: list) -> dict[str, Any]:
     """One GRPO seed from the warm start: trained to each of STEPS (resumed where it stopped) and tested there."""
-    from memalpha.checkpoint import checkpoint_dir, policy_adapter
-    from memalpha.trainer import SFT_DIR, Trainer
+    from memalpha.training.checkpoint import SFT_DIR, checkpoint_dir, policy_adapter
+    from memalpha.teacher.warm_start import prepare_warm_start
+    from memalpha.training.trainer import Trainer
 
     config = seed_config(seed)
     run_dir = Path(config.output_dir)
     if warm_start is not None and not (run_dir / SFT_DIR).exists():
         shutil.copytree(warm_start, run_dir / SFT_DIR)
+    prepare_warm_start(config, run_dir)
     trainer = Trainer(config, run_dir)
     trainer.maybe_resume()
     started, first = time.perf_counter(), trainer.step

@@ -17,11 +17,11 @@ from typing import Any, Callable
 import numpy as np
 
 from memalpha.config import RetrievalConfig
+from memalpha.env.parsing import parse_tool_calls
+from memalpha.env.tools import execute_text
 from memalpha.memory.schema import MEMALPHA_SCHEMA
 from memalpha.memory.store import MemoryStore
-from memalpha.parsing import parse_tool_calls
 from memalpha.retrieval import BM25Retriever, DenseRetriever, Embedder, MemoryIndex
-from memalpha.tools import execute_text
 
 SIZES = (1_000, 10_000, 100_000)
 QUERIES = 200

@@ -1,7 +1,7 @@
 """Reward benchmark: does the reward rank writers by what they remember?
 
 On `INSTANCES` training instances of configs/default.yaml (loaded and truncated as training loads them),
-scores five writers with the training reward (memalpha.episode.score_episodes, evidence reader):
+scores five writers with the training reward (memalpha.env.episode.score_episodes, evidence reader):
 - `rule_writer`: the rule-based writer (the SFT teacher);
 - `small_talk`: one well-formed small-talk entry per chunk, built from the chunk's opening line;
 - `skip_all`: NOTHING_TO_STORE on every chunk;
@@ -62,8 +62,9 @@ def summarise(rewards_by_group: list[list[Any]]) -> dict[str, Any]:
 
 
 def scripted(instances, config, counter, writer: Callable[[Any], str]) -> list[list[Any]]:
-    from memalpha.episode import Episode, score_episodes
+    from memalpha.env.episode import Episode
     from memalpha.models.readers import EvidenceReader
+    from memalpha.rewards.rubric import score_episodes
 
     schema = config.memory.schema()
     episodes = []
@@ -81,9 +82,10 @@ def run() -> dict[str, Any]:
     from memalpha.config import load_config
     from memalpha.models.policy import load_policy
     from memalpha.models.readers import EvidenceReader
-    from memalpha.rollout import collect_rollouts
-    from memalpha.rule_writer import rule_writer_for
-    from memalpha.trainer import load_training_data, prepare_warm_start
+    from memalpha.teacher.rule_writer import rule_writer_for
+    from memalpha.teacher.warm_start import prepare_warm_start
+    from memalpha.training.data import load_training_data
+    from memalpha.training.rollout import collect_rollouts
 
     started = time.perf_counter()
     config = load_config(ROOT / "configs" / "default.yaml", [f"output_dir={RUN_DIR}"])

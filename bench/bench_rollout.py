@@ -1,6 +1,6 @@
 """Rollout benchmark with the default policy (SmolLM2-135M-Instruct + LoRA, default dtype).
 
-1. Generation throughput of `memalpha.generation.generate` on the default config's writer prompts
+1. Generation throughput of `memalpha.training.generation.generate` on the default config's writer prompts
    (synthetic accurate-retrieval chunks, empty memory), counted as generated tokens per second of the
    whole call, prefill included. B*G = 8 and 32 rows arrive as B distinct prompts each repeated G times
    (a step-level group; a trajectory's first chunk), once with the shared prefill (each distinct prompt
@@ -28,7 +28,6 @@ import json
 import os
 import tempfile
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _prompts(policy, config, n: int) -> list[list[int]]:
-    from memalpha.data.synth import SynthConfig, generate as synth
-    from memalpha.episode import Episode
+    from memalpha.data.synth import SynthConfig
+    from memalpha.data.synth import generate as synth
+    from memalpha.env.episode import Episode
 
     cfg = SynthConfig(instances=n, chunks_per_instance=(2,), chunk_tokens=512, competencies=("accurate_retrieval",))
     schema = config.memory.schema()
@@ -55,7 +55,7 @@ def _prompts(policy, config, n: int) -> list[list[int]]:
 
 
 def _generate(policy, prompts, share: bool, seed: int = 0) -> dict[str, Any]:
-    from memalpha.generation import generate, synchronize
+    from memalpha.training.generation import generate, synchronize
 
     start = time.perf_counter()
     with policy.merged_adapter():
@@ -87,7 +87,7 @@ def throughput(policy, config) -> dict[str, Any]:
 def matmul_gflops(device: str = "cpu") -> float:
     """bf16 matmul rate on `device` (2048x2048 on the CPU, the issue's reference for the floor; 8192x8192 on
     a GPU, where a 2048 product is too small to fill it)."""
-    from memalpha.generation import synchronize
+    from memalpha.training.generation import synchronize
 
     n, repeats = (2048, 5) if device == "cpu" else (8192, 20)
     a, b = (torch.randn(n, n, dtype=torch.bfloat16, device=device) for _ in range(2))
@@ -112,7 +112,7 @@ def floor_flops(samples, body: int, head: int, shared: bool) -> float:
     """Linear-layer FLOPs of one step: the prefill (distinct prompts when shared), decoding, and the
     update's forward and backward (3x forward; when shared, the prompt once per group and the prefix
     common to all groups once)."""
-    from memalpha.generation import shareable_prefix_length
+    from memalpha.training.generation import shareable_prefix_length
 
     prompts = list({tuple(s.prompt_ids): None for s in samples}) if shared else [tuple(s.prompt_ids) for s in samples]
     # shared: the prefix of all distinct prompts (the system prompt) runs once in the prefill and the update
@@ -125,7 +125,7 @@ def floor_flops(samples, body: int, head: int, shared: bool) -> float:
 
 
 def _timed_update(trainer, samples, advantages) -> float:
-    from memalpha.generation import synchronize
+    from memalpha.training.generation import synchronize
 
     start = time.perf_counter()
     trainer._update(samples, advantages)
@@ -135,8 +135,8 @@ def _timed_update(trainer, samples, advantages) -> float:
 
 def step_split(sampling: str, gflops: float, device: str = "cpu") -> dict[str, Any]:
     from memalpha.config import load_config
-    from memalpha.rollout import collect_rollouts, collect_step_rollouts
-    from memalpha.trainer import Trainer
+    from memalpha.training.rollout import collect_rollouts, collect_step_rollouts
+    from memalpha.training.trainer import Trainer
 
     collect = collect_step_rollouts if sampling == "step" else collect_rollouts
     with tempfile.TemporaryDirectory() as tmp:

@@ -11,8 +11,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.bench_rollout import _prompts
 from memalpha.config import load_config
-from memalpha.generation import generate
 from memalpha.models.policy import load_policy
+from memalpha.training.generation import generate
 
 config = load_config("configs/default.yaml", ["model.device=cuda"])
 policy = load_policy(config.model)

@@ -10,7 +10,14 @@ from prefect import flow, get_run_logger, runtime
 from flows import default_config, repo_path
 from memalpha.config import RunConfig
 from tasks import tracking
-from tasks.train import block_bounds, close_run, open_run, register_model, train_block, warm_start
+from tasks.train import (
+    block_bounds,
+    close_run,
+    open_run,
+    register_model,
+    train_block,
+    warm_start,
+)
 
 
 def run_dir_for(config: RunConfig, flow_run_id: str) -> Path:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from memalpha.rewards import REWARD_COMPONENTS
+from memalpha.rewards.rubric import REWARD_COMPONENTS
 
 Emit = Callable[[str], None]
 

@@ -31,8 +31,6 @@ def tokenize(text: str) -> list[str]:
 
 
 _NOT_A_SUBJECT = frozenset(tokenize(" ".join(("said", *MONTHS))))
-_NOT_A_NAME = frozenset((*STOPWORDS_EN, *MONTHS, *WEEKDAYS))
-_CAPITALISED = re.compile(r"\b[A-Z][A-Za-z-]*")
 
 
 def subject_words(text: str) -> set[str]:
@@ -50,9 +48,3 @@ def keeps_subject(previous: str, new: str) -> bool:
     """An update of a list entry is about what it replaces: the two share `UPDATE_SHARED_WORDS` subject
     words. Otherwise it overwrites one fact with an unrelated one, an insert that destroys a fact."""
     return len(subject_words(previous) & subject_words(new)) >= UPDATE_SHARED_WORDS
-
-
-def proper_names(text: str) -> list[str]:
-    """Capitalised words that are not stopwords, months or weekdays (people and places), in order; a
-    possessive names its owner ("Umar's" -> "Umar")."""
-    return [w for w in _CAPITALISED.findall(text) if w.lower() not in _NOT_A_NAME]

@@ -123,7 +123,13 @@ def log_dataset(out_dir: str, dataset_fingerprint: str, experiment: str, tags: d
     import polars as pl
     from mlflow.data.polars_dataset import from_polars
 
-    from memalpha.data.io import DATA_FILE, MANIFEST_FILE, REJECTED_FILE, REPORT_HTML, REPORT_MD
+    from memalpha.data.io import (
+        DATA_FILE,
+        MANIFEST_FILE,
+        REJECTED_FILE,
+        REPORT_HTML,
+        REPORT_MD,
+    )
 
     folder = Path(out_dir)
     frame = pl.read_parquet(folder / DATA_FILE)

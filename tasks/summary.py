@@ -6,7 +6,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tasks.tracking import TIME_BUDGET_TAG, VALIDATION_KEY, configure, find_run, logged_steps, metric_series, run_url
+from tasks.tracking import (
+    TIME_BUDGET_TAG,
+    VALIDATION_KEY,
+    configure,
+    find_run,
+    logged_steps,
+    metric_series,
+    run_url,
+)
 
 REWARD_KEY = "reward"
 """The trainer's mean total reward per step (TRL's name)."""

@@ -21,8 +21,15 @@ import polars as pl
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from memalpha.checkpoint import ADAPTER, BEST, checkpoint_dir, policy_adapter, read_best, step_name
 from memalpha.config import GRPOConfig, RunConfig
+from memalpha.training.checkpoint import (
+    ADAPTER,
+    BEST,
+    checkpoint_dir,
+    policy_adapter,
+    read_best,
+    step_name,
+)
 from tasks import plots, tracking
 
 FAIL_AT_STEP_ENV = "MEMALPHA_FAIL_AT_STEP"
@@ -228,7 +235,7 @@ def warm_start(config: RunConfig, run_dir: str, run_id: str, started: float | No
     `time.time()`) is when the flow began, for `time_budget_minutes`.
     """
     from memalpha.progress import SFTProgress
-    from memalpha.trainer import prepare_warm_start
+    from memalpha.teacher.warm_start import prepare_warm_start
 
     began = time.perf_counter()
     adapter = prepare_warm_start(config, run_dir, on_log=SFTProgress(get_run_logger().info), started=started)
@@ -240,7 +247,7 @@ def warm_start(config: RunConfig, run_dir: str, run_id: str, started: float | No
         client.log_metric(run_id, "sft/seconds", time.perf_counter() - began, step=0)
         result = Path(adapter) / "sft_result.json"
         for epoch in json.loads(result.read_text()).get("epochs", []) if result.is_file() else []:
-            metrics = {f"sft_eval/{k}": v for k, v in epoch.items() if k not in ("epoch", "step", "round", "member", "soup")}
+            metrics = {f"sft_eval/{k}": v for k, v in epoch.items() if k not in ("epoch", "step")}
             tracking.log_step_metrics(run_id, epoch["epoch"], metrics, tracking.now_ms())
     tracking.set_tags(run_id, {"memalpha.sft_adapter": str(adapter)})
     return str(adapter)
@@ -251,12 +258,12 @@ def train_block(config: RunConfig, run_dir: str, run_id: str, first: int, last: 
                 started: float | None = None) -> dict[str, Any]:
     """GRPO steps first..last: resume from the latest checkpoint, train, evaluate, checkpoint, publish.
     Under `time_budget_minutes` (counted from `started`) the block may end early: `stopped_early`."""
-    from memalpha.progress import GRPOProgress, SFTProgress
-    from memalpha.trainer import Trainer
+    from memalpha.progress import GRPOProgress
+    from memalpha.training.trainer import Trainer
 
     logger = get_run_logger()
     path = Path(run_dir)
-    trainer = Trainer(config, path, on_warm_start_log=SFTProgress(logger.info), started=started)
+    trainer = Trainer(config, path, started=started)
     trainer.maybe_resume()
     resumed = trainer.step
     logger.info("block %d-%d: resumed from checkpoint at step %d", first, last, resumed)

@@ -6,14 +6,14 @@ import shutil
 
 import pytest
 import torch
+from test_rollout import CONFIG as TINY_CONFIG
+from test_rollout import make_dataset
 
 from bench import BenchmarkSkipped
 from bench import bench_learning as learning
 from bench import bench_learning_seeds as seeds
-from memalpha.checkpoint import checkpoint_dir
-from memalpha.trainer import Trainer
-from test_rollout import CONFIG as TINY_CONFIG
-from test_rollout import make_dataset
+from memalpha.training.checkpoint import checkpoint_dir
+from memalpha.training.trainer import Trainer
 
 
 def _test(qa, tokens=100.0, stale=0, ar=None):

@@ -25,8 +25,7 @@ def test_yaml_and_overrides_compose(tmp_path):
     [
         ("reward.beta=-1", "reward.beta"),
         ("memory.schema_name=bogus", "memory.schema_name"),
-        ("memory.entry_address=position", "memory.entry_address"),
-        ("memory.call_order=name_last", "memory.call_order"),
+        ("grpo.kl_beta=0.1", "grpo.kl_beta"),
         ("grpo.loss_type=ppo", "grpo.loss_type"),
         ("rollout.nonexistent=3", "rollout.nonexistent"),
     ],

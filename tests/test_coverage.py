@@ -8,13 +8,19 @@ import pytest
 
 from memalpha.config import RunConfig
 from memalpha.data.schema import Instance, Question
-from memalpha.episode import Episode, answers_lost, score_episodes, score_step
+from memalpha.env.episode import Episode, answers_lost
+from memalpha.env.parsing import NOTHING_TO_STORE
 from memalpha.memory.schema import MEMALPHA_SCHEMA
 from memalpha.models.readers import EvidenceReader
-from memalpha.parsing import NOTHING_TO_STORE
-from memalpha.rewards import answer_support, attribution_credit, coverage_chunks, retention, write_precision
-from memalpha.rollout import _new_episodes as new_episodes
+from memalpha.rewards.coverage import (
+    answer_support,
+    attribution_credit,
+    coverage_chunks,
+    retention,
+)
+from memalpha.rewards.rubric import score_episodes, score_step
 from memalpha.tokens import regex_token_count
+from memalpha.training.rollout import _new_episodes as new_episodes
 
 CFG = RunConfig()
 HEADER = "The following is a conversation from 3 May 2024. Please remember it.\n"
@@ -229,45 +235,3 @@ def test_answers_lost_counts_answers_stored_then_overwritten():
     assert answers_lost([step.memory_support for step in episode.steps]) == 1 and answers_lost([]) == 0
 
 
-def test_write_precision_is_the_share_of_writes_holding_an_answer():
-    assert write_precision(1, 2, True) == 0.5
-    assert write_precision(0, 0, True) == 0.0  # a skip where an answer was to be stored
-    assert write_precision(0, 0, False) == 1.0  # a skip where nothing will be asked
-    assert write_precision(0, 3, False) == 0.0
-    assert write_precision(0, 3, None) == 1.0  # evidence unknown: the same for every candidate
-
-
-def test_precision_charges_writes_that_hold_no_answer():
-    def step_reward(completion, weight):
-        config = CFG.model_copy(update={"reward": CFG.reward.model_copy(update={"precision_weight": weight})})
-        episode = new_episode(config=config)
-        step = episode.step(completion)
-        return step, score_step(episode, config)
-
-    fact = insert("Maya signed with Northwind Robotics in May 2024.")
-    padded = fact + "\n" + insert("Maya and Leo greeted each other warmly.")
-    step, reward = step_reward(padded, 0.5)
-    assert (step.answer_writes, step.content_writes) == (1, 2) and reward.precision == 0.5
-    # off by default: the padded write earns what the plain fact earns
-    assert step_reward(padded, 0.0)[1].total == pytest.approx(step_reward(fact, 0.0)[1].total)
-    assert step_reward(fact, 0.5)[1].total - step_reward(padded, 0.5)[1].total == pytest.approx(0.5 * 0.5)
-
-
-def test_precision_separates_a_skip_from_small_talk_on_a_chunk_without_evidence():
-    config = CFG.model_copy(update={"reward": CFG.reward.model_copy(update={"precision_weight": 1.0})})
-
-    def second_step(completion):
-        episode = new_episode(config=config)
-        episode.step(WRITERS["facts"][0])
-        episode.step(completion)
-        return score_step(episode, config)
-
-    skipped, chatted = second_step(NOTHING_TO_STORE), second_step(insert("Maya and Leo enjoy walks in the sun."))
-    assert (skipped.precision, chatted.precision) == (1.0, 0.0)
-    assert skipped.total - chatted.total == pytest.approx(1.0)
-    # the trajectory reward carries the same per-chunk term
-    episode = new_episode(config=config)
-    for completion in WRITERS["small_talk"]:
-        episode.step(completion)
-    [score] = score_episodes([episode], config, EvidenceReader())
-    assert [r.precision for r in score.rewards] == [0.0, 0.0, 0.0]

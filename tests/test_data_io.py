@@ -5,7 +5,13 @@ import json
 import polars as pl
 import pytest
 
-from memalpha.data.io import (DATA_FILE, frame_to_instances, instances_to_frame, read_dataset, write_dataset)
+from memalpha.data.io import (
+    DATA_FILE,
+    frame_to_instances,
+    instances_to_frame,
+    read_dataset,
+    write_dataset,
+)
 from memalpha.data.schema import DataError, Instance, Question
 from memalpha.errors import UserError
 

@@ -5,7 +5,13 @@ import json
 import polars as pl
 import pytest
 
-from memalpha.data.loaders import load_jsonl, load_locomo, load_memoryagentbench, load_source, to_instance
+from memalpha.data.loaders import (
+    load_jsonl,
+    load_locomo,
+    load_memoryagentbench,
+    load_source,
+    to_instance,
+)
 from memalpha.data.schema import DataError, Instance
 from memalpha.tokens import regex_token_count
 

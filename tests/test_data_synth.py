@@ -8,8 +8,8 @@ import pytest
 from memalpha.data.chunking import TokenCounts
 from memalpha.data.splits import assign_splits, split_of
 from memalpha.data.synth import PRESETS, SynthConfig, generate
-from memalpha.metrics import normalize_answer
-from memalpha.question_types import COMPETENCIES
+from memalpha.rewards.qa import normalize_answer
+from memalpha.rewards.question_types import COMPETENCIES
 from memalpha.tokens import regex_token_count
 
 CFG = SynthConfig(instances=8, chunks_per_instance=(5,), chunk_tokens=512, facts_per_instance=6,

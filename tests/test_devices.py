@@ -11,15 +11,16 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-
-from memalpha.data.schema import Question
-from memalpha.generation import generate
-from memalpha.models.loading import build_tiny
-from memalpha.models.readers import LocalModelReader, ReaderItem
-from memalpha.rollout import collect_step_rollouts
-from memalpha.trainer import Trainer
 from test_rollout import _policy, make_dataset, random_adapter, tiny_config  # noqa: F401  (fixture re-export)
 from test_trainer import _run_dir
+
+from memalpha.data.schema import Question
+from memalpha.models.loading import build_tiny
+from memalpha.models.readers import LocalModelReader, ReaderItem
+from memalpha.training.generation import generate
+from memalpha.training.rollout import collect_step_rollouts
+from memalpha.training.trainer import Trainer
+
 
 @contextmanager
 def stray_tensors_on_meta():
@@ -53,7 +54,7 @@ def test_generation_creates_its_tensors_on_the_model_device():
 
 def _step_trainer(tmp_path, adapter, *overrides):
     config = tiny_config(make_dataset(tmp_path / "data"), "sft.enabled=true", "grpo.sampling=step",
-                         "rollout.num_generations=3", "grpo.kl_beta=0.2", *overrides)
+                         "rollout.num_generations=3", *overrides)
     return Trainer(config, _run_dir(tmp_path, adapter))
 
 
@@ -68,7 +69,7 @@ def test_the_update_creates_its_tensors_on_the_policy_device(tmp_path, random_ad
     with stray_tensors_on_meta():
         stats = trainer._update(batch.samples, advantages)
     assert stats["grad_norm"] > 0
-    for key in ("loss", "kl", "entropy", "grad_norm"):
+    for key in ("loss", "entropy", "grad_norm"):
         assert stats[key] == pytest.approx(expected[key], rel=1e-5), key
 
 

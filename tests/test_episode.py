@@ -5,19 +5,22 @@ from pathlib import Path
 
 import pytest
 
-from memalpha.config import RunConfig
+from memalpha.config import MemoryConfig, RolloutConfig, RunConfig
 from memalpha.data.schema import Instance, Question
 from memalpha.data.synth import SynthConfig, generate
-from memalpha.episode import Episode, truncate_for_training
+from memalpha.env.episode import Episode
+from memalpha.env.parsing import NOTHING_TO_STORE
 from memalpha.evaluation.methods import EvalEnv, make_method
 from memalpha.memory.schema import MEMALPHA_SCHEMA
 from memalpha.models.loading import build_tiny, is_prepared
-from memalpha.parsing import NOTHING_TO_STORE
-from memalpha.rule_writer import RuleWriter, run_rule_writer
+from memalpha.teacher.rule_writer import RuleWriter, run_rule_writer
 from memalpha.tokens import regex_token_count, tokenizer_counter
+from memalpha.training.data import truncate_for_training
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "episode_golden.json").read_text())
-CFG = RunConfig()
+# the budgets the golden memories were recorded with (the writer view decides what an update can see)
+CFG = RunConfig(memory=MemoryConfig(writer_view_tokens=1024, reader_view_tokens=2048),
+                rollout=RolloutConfig(max_completion_length=128))
 
 
 def golden_instances() -> list[Instance]:

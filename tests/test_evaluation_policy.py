@@ -7,19 +7,18 @@ import shutil
 
 import polars as pl
 import pytest
+from test_evaluation_methods import _instances  # the shared hand-written fixture
 
-from memalpha import rollout
+from memalpha.training import rollout
 from memalpha.config import load_config
-from memalpha.episode import Episode
+from memalpha.env.episode import Episode
+from memalpha.env.parsing import NOTHING_TO_STORE
 from memalpha.errors import UserError
 from memalpha.evaluation import evaluate, resolve_adapter
 from memalpha.memory.schema import MEMALPHA_SCHEMA
 from memalpha.models.policy import load_policy
-from memalpha.parsing import NOTHING_TO_STORE
-from memalpha.rollout import RolloutBatch, Sample
 from memalpha.tokens import regex_token_count
-
-from test_evaluation_methods import _instances  # the shared hand-written fixture
+from memalpha.training.rollout import RolloutBatch, Sample
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,15 @@
 import pytest
 import torch
 
-from memalpha.generation import MIN_SHARED_PREFIX, generate, left_pad, sample_tokens, shareable_prefix_length
-from memalpha.grpo import completion_logps
 from memalpha.models.loading import build_tiny
+from memalpha.training.generation import (
+    MIN_SHARED_PREFIX,
+    generate,
+    left_pad,
+    sample_tokens,
+    shareable_prefix_length,
+)
+from memalpha.training.grpo import completion_logps
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from memalpha.kv_cache import CascadeCache, cascade_attention_forward
+from memalpha.training.kv_cache import CascadeCache, cascade_attention_forward
 
 
 def _prompt_cache(keys: torch.Tensor, values: torch.Tensor) -> DynamicCache:

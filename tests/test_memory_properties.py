@@ -7,9 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from memalpha.env.tools import ToolCall, execute_calls, execute_text
 from memalpha.memory import MEMALPHA_SCHEMA, PERSONA_SCHEMA, FailureReason, MemoryStore
 from memalpha.memory.store import normalize_content
-from memalpha.tools import ToolCall, execute_calls, execute_text
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

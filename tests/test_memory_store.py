@@ -319,37 +319,5 @@ def test_persona_store_uses_section_prefixes():
     assert store.delete("values", "val-4", 1).ok and store.update("core", None, "Persona core", 1).ok
 
 
-# ---- entries named by their text (entry_address "text") ------------------------------------------
 
 
-def test_find_by_text_takes_whole_words_of_one_entry_and_fails_on_none_or_several():
-    store = MemoryStore(get_schema("memalpha", entry_address="text"))
-    for text in ("Ulla works as a pastry chef.", "Ulla lives in Turku.", "Gwen lives in Porto.", "Ulla lives in Turku with Gwen."):
-        store.insert("semantic", text, 0)
-    assert store.find_by_text("semantic", "PASTRY chef,")[0].id == "sem-1"  # case and end punctuation ignored
-    assert store.find_by_text("semantic", "ulla lives in turku.")[0].id == "sem-2"  # a whole entry wins over a longer one
-    missing = store.find_by_text("semantic", "chef Ulla")[1]
-    assert missing.reason == FailureReason.UNKNOWN_ID and "'chef Ulla'" in missing.message
-    assert store.find_by_text("semantic", "art")[1].reason == FailureReason.UNKNOWN_ID  # words, not letters of "pastry"
-    several = store.find_by_text("semantic", "lives in")[1]
-    assert several.reason == FailureReason.AMBIGUOUS and "3 entries" in several.message and "sem-3" in several.message
-    assert store.find_by_text("semantic", " . ")[1].reason == FailureReason.BAD_ARGUMENTS
-    assert store.find_by_text("core", "Ulla")[1].reason == FailureReason.WRONG_MEMORY_TYPE
-
-
-def test_the_entry_address_survives_a_json_round_trip_and_defaults_to_ids():
-    store = MemoryStore(get_schema("memalpha", entry_address="text"))
-    assert MemoryStore.from_json(store.to_json()).schema.entry_address == "text"
-    assert MemorySchema.from_dict({"name": "m", "sections": [{"name": "notes", "kind": "list"}]}).entry_address == "id"
-    with pytest.raises(ValueError, match="entry_address"):
-        get_schema("memalpha", entry_address="position")
-
-
-def test_the_call_order_survives_a_json_round_trip_and_defaults_to_name_first():
-    store = MemoryStore(get_schema("memalpha", call_order="statement_first"))
-    assert MemoryStore.from_json(store.to_json()).schema.call_order == "statement_first"
-    assert MemoryConfig(call_order="statement_first").schema().call_order == "statement_first"
-    assert "call_order" not in MEMALPHA_SCHEMA.to_dict()
-    assert MemorySchema.from_dict({"name": "m", "sections": [{"name": "notes", "kind": "list"}]}).call_order == "name_first"
-    with pytest.raises(ValueError, match="call_order"):
-        get_schema("memalpha", call_order="name_last")

@@ -5,7 +5,7 @@ listed in DELIBERATE with its reason, each explained with a worked example in do
 
 import pytest
 
-from memalpha.metrics import exact_match, normalize_answer, substring_em, token_f1
+from memalpha.rewards.qa import exact_match, normalize_answer, substring_em, token_f1
 
 # (prediction, gold, reference substring EM, reference exact match, reference F1)
 REFERENCE = [

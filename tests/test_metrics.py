@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memalpha.metrics import (
+from memalpha.rewards.qa import (
     boxed_em,
     conflict_memory_state,
     exact_match,
@@ -113,7 +113,7 @@ def test_llm_judge_hook_is_called_and_clipped():
 
 
 def test_finer_question_types_use_their_competency_metric():
-    from memalpha.metrics import score_answer
+    from memalpha.rewards.qa import score_answer
 
     assert score_answer("She lives in Paris.", ["Paris"], "single_hop") == 1.0
     assert score_answer(r"\boxed{3}", ["3"], "classification") == 1.0

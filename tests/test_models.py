@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from memalpha.config import ModelConfig
-from memalpha.errors import UserError
 from memalpha.models import loading
 from memalpha.models.loading import choose_dtype, is_prepared, resolve_model_path
 from memalpha.models.policy import AdapterError, load_policy
@@ -89,33 +88,6 @@ def test_merged_adapter_matches_the_adapter_and_restores_the_base_exactly():
     assert torch.equal(_logits(policy), with_adapter)
 
 
-def test_using_adapter_weights_runs_the_snapshot_and_keeps_the_gradient_of_the_current_weights():
-    policy = load_policy(tiny_cfg())
-    _perturb_lora(policy, 0.2)
-    snapshot, snapshot_logits = policy.adapter_weights(), _logits(policy)
-    _perturb_lora(policy, 0.3)  # an update after the snapshot
-    current = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
-    batch = policy.encode(["hello memory"])
-
-    def gradients(with_reference: bool) -> dict[str, torch.Tensor]:
-        policy.model.zero_grad(set_to_none=True)
-        policy.model.train()
-        loss = policy.model(**batch).logits.float().pow(2).mean()  # the graph exists before the swap
-        if with_reference:
-            with policy.using_adapter_weights(snapshot):
-                assert torch.allclose(_logits(policy), snapshot_logits, atol=1e-6)
-                assert not policy.model.training and not torch.is_grad_enabled()
-            assert policy.model.training
-        loss.backward()
-        return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
-
-    plain, swapped = gradients(False), gradients(True)
-    assert all(torch.equal(plain[n], swapped[n]) for n in plain)
-    for name, param in policy.model.named_parameters():
-        assert torch.equal(param, current[name]), name  # the current weights, bit for bit
-    assert not torch.allclose(_logits(policy), snapshot_logits, atol=1e-4)
-
-
 def test_adapter_save_load_round_trip(tmp_path):
     trained = load_policy(tiny_cfg())
     _perturb_lora(trained, 0.3)
@@ -143,29 +115,6 @@ def test_adapter_errors_are_clear(tmp_path):
     path = other.save_adapter(tmp_path / "r4")
     with pytest.raises(AdapterError, match="r=4"):
         policy.load_adapter(path)
-
-
-def test_lora_first_layer_adapts_upper_layers_and_backward_stops_below(tmp_path):
-    upper = load_policy(tiny_cfg(lora_first_layer=1))
-    adapted = {n.split(".layers.")[1].split(".")[0] for n, p in upper.model.named_parameters() if p.requires_grad}
-    assert adapted == {"1"}
-    layers = upper.model.get_base_model().model.layers
-    needs_grad = {}
-
-    def record(index):
-        def hook(_module, _inputs, output):
-            needs_grad[index] = (output[0] if isinstance(output, tuple) else output).requires_grad
-        return hook
-
-    for index, layer in enumerate(layers):
-        layer.register_forward_hook(record(index))
-    upper.model.train()
-    upper.model(**upper.encode(["hello memory"])).logits.sum().backward()
-    assert needs_grad == {0: False, 1: True}  # no autograd graph below the first adapted layer
-    with pytest.raises(AdapterError, match="layers=\\[1\\]"):
-        load_policy(tiny_cfg()).load_adapter(upper.save_adapter(tmp_path / "upper"))
-    with pytest.raises(UserError, match="lora_first_layer=2.*2 layers"):
-        load_policy(tiny_cfg(lora_first_layer=2))
 
 
 def test_generate_text_batches_and_respects_length(policy):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from memalpha.parsing import NO_CALL_ERROR, NOTHING_TO_STORE, parse_tool_calls
+from memalpha.env.parsing import NO_CALL_ERROR, NOTHING_TO_STORE, parse_tool_calls
 
 INSERT = {"name": "memory_insert", "arguments": {"memory_type": "semantic", "content": "Alice likes tea"}}
 DELETE = {"name": "memory_delete", "arguments": {"memory_type": "episodic", "memory_id": "epi-2"}}
@@ -152,7 +152,7 @@ def test_deeply_nested_input_does_not_raise():
 
 
 def test_a_lone_surrogate_in_a_call_is_escaped_and_the_call_still_parses():
-    from memalpha.parsing import parse_tool_calls
+    from memalpha.env.parsing import parse_tool_calls
 
     result = parse_tool_calls('{"name": "memory_insert", "arguments": {"memory_type": "semantic", "content": "likes \\ud83d tea"}}')
     (call,) = result.calls

@@ -6,7 +6,6 @@ from __future__ import annotations
 import shutil
 import time
 
-import mlflow
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId

@@ -14,7 +14,14 @@ from memalpha.config import RunConfig
 from tasks import tracking
 from tasks.plots import log_training_plots
 from tasks.summary import summarize
-from tasks.train import _bounded_samples, _maybe_fail, _stage_step, block_bounds, publish_block, InjectedFailure
+from tasks.train import (
+    InjectedFailure,
+    _bounded_samples,
+    _maybe_fail,
+    _stage_step,
+    block_bounds,
+    publish_block,
+)
 
 
 @pytest.fixture(scope="module")

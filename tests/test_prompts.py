@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from memalpha.memory.schema import MEMALPHA_SCHEMA, PERSONA_SCHEMA, get_schema
-from memalpha.memory.store import MemoryStore
-from memalpha.memory.views import writer_view
-from memalpha.models.loading import build_tiny
-from memalpha.parsing import parse_tool_calls
-from memalpha.prompts import (
+from memalpha.config import RetrievalConfig
+from memalpha.env.parsing import parse_tool_calls
+from memalpha.env.prompts import (
     judge_messages,
     reader_messages,
     render_reader_prompt,
@@ -17,9 +14,12 @@ from memalpha.prompts import (
     writer_messages,
     writer_system_prompt,
 )
+from memalpha.env.tools import execute_text
+from memalpha.memory.schema import MEMALPHA_SCHEMA, PERSONA_SCHEMA, get_schema
+from memalpha.memory.store import MemoryStore
+from memalpha.memory.views import writer_view
+from memalpha.models.loading import build_tiny
 from memalpha.retrieval import MemoryIndex
-from memalpha.config import RetrievalConfig
-from memalpha.tools import execute_text
 
 
 @pytest.fixture(scope="module")
@@ -27,19 +27,15 @@ def tokenizer():
     return build_tiny()[1]
 
 
-@pytest.mark.parametrize("call_order, update_text, first_key",
-                         [("name_first", "new_content", '{"name"'), ("statement_first", "content", '{"arguments"')])
-@pytest.mark.parametrize("address, argument, update_names_entry",
-                         [("id", "memory_id", True), ("text", "old_content", True), ("subject", "old_content", False)])
-def test_system_prompt_examples_parse_and_use_only_placeholders(address, argument, update_names_entry, call_order,
-                                                                update_text, first_key):
-    prompt = writer_system_prompt(get_schema("memalpha", entry_address=address, call_order=call_order))
+def test_system_prompt_examples_parse_and_use_only_placeholders():
+    prompt = writer_system_prompt(get_schema("memalpha"))
+    argument, update_text = "memory_id", "new_content"
     example_lines = [line for line in prompt.splitlines() if line.startswith("{")]
-    assert len(example_lines) == 3 and all(line.startswith(first_key) for line in example_lines)
+    assert len(example_lines) == 3 and all(line.startswith('{"name"') for line in example_lines)
     parsed = parse_tool_calls("\n".join(example_lines))
     assert [c.name for c in parsed.calls] == ["memory_insert", "memory_update", "memory_delete"]
     # the tool argument names are the executed ones
-    assert set(parsed.calls[1].arguments) == {"memory_type", update_text} | ({argument} if update_names_entry else set())
+    assert set(parsed.calls[1].arguments) == {"memory_type", update_text, argument}
     assert set(parsed.calls[2].arguments) == {"memory_type", argument}
     # abstract placeholders only: copying them into memory fails the store's checks or the judge's
     contents = [v for c in parsed.calls for k, v in c.arguments.items() if k in ("content", "new_content", argument)]
@@ -70,20 +66,6 @@ def test_render_writer_prompt_shows_memory_view_and_chunk(tokenizer):
     # the same rendering as the plain messages through the chat template
     messages = writer_messages(MEMALPHA_SCHEMA, "[core]\n(empty)\n\n[semantic]\n- sem-1: Maya owns a cat named Mochi.", chunk)
     assert prompt == tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-
-def test_writer_view_by_relevance_lists_the_entry_a_chunk_updates_first():
-    store = MemoryStore(MEMALPHA_SCHEMA)
-    index = MemoryIndex(store, RetrievalConfig())
-    for fact in ("Gwen plays the oboe in a band.", "Hiro works at a bakery downtown.", "Pavel lives in Leipzig."):
-        execute_text(store, '{"name": "memory_insert", "arguments": {"memory_type": "semantic", "content": "%s"}}' % fact, 0)
-    chunk = "Pavel: I left Leipzig, I live in Bergen now."
-    by_id = writer_view(store, chunk, index.search).splitlines()
-    by_relevance = writer_view(store, chunk, index.search, order="relevance").splitlines()
-    assert [line for line in by_id if line.startswith("- ")] == [
-        "- sem-1: Gwen plays the oboe in a band.", "- sem-2: Hiro works at a bakery downtown.", "- sem-3: Pavel lives in Leipzig."]
-    assert by_relevance[by_relevance.index("[semantic]") + 1] == "- sem-3: Pavel lives in Leipzig."
-    assert sorted(by_relevance) == sorted(by_id)  # the same entries, listed in another order
 
 
 def test_writer_view_budget_bounds_the_prompt(tokenizer):

@@ -12,8 +12,13 @@ import torch
 
 from memalpha.config import ModelConfig
 from memalpha.data.schema import Question
-from memalpha.metrics import score_answer
-from memalpha.models.judges import JudgeItem, LocalModelJudge, OpenAIJudge, make_judge, parse_verdict
+from memalpha.models.judges import (
+    JudgeItem,
+    LocalModelJudge,
+    OpenAIJudge,
+    make_judge,
+    parse_verdict,
+)
 from memalpha.models.openai_client import EndpointError, OpenAIChatClient
 from memalpha.models.policy import load_policy
 from memalpha.models.readers import (
@@ -24,6 +29,7 @@ from memalpha.models.readers import (
     ReaderItem,
     make_reader,
 )
+from memalpha.rewards.qa import score_answer
 
 
 def q(text: str, answers: list[str], qtype: str = "single_hop", superseded: list[str] | None = None) -> Question:

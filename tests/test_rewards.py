@@ -7,14 +7,13 @@ import json
 import pytest
 
 from memalpha.config import RewardConfig
+from memalpha.env.parsing import NOTHING_TO_STORE
+from memalpha.env.tools import execute_text
 from memalpha.memory.schema import MEMALPHA_SCHEMA
 from memalpha.memory.store import MemoryStore
 from memalpha.models.judges import JudgeItem, parse_verdict
-from memalpha.parsing import NOTHING_TO_STORE
-from memalpha.rewards import (
+from memalpha.rewards.judge import (
     JudgeContext,
-    chunk_rewards,
-    compression,
     fits_memory_type,
     is_meta,
     is_placeholder,
@@ -22,8 +21,8 @@ from memalpha.rewards import (
     rule_judge,
     rule_verdicts,
 )
+from memalpha.rewards.rubric import chunk_rewards, compression
 from memalpha.text import keeps_subject
-from memalpha.tools import execute_text
 
 CFG = RewardConfig(beta=0.05, gamma=0.1)
 

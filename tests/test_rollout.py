@@ -10,7 +10,7 @@ from memalpha.data.io import write_dataset
 from memalpha.data.schema import Instance, Question
 from memalpha.models.policy import load_policy
 from memalpha.models.readers import make_reader
-from memalpha.rollout import collect_rollouts, write_unasked
+from memalpha.training.rollout import collect_rollouts, write_unasked
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 PEOPLE = ["Priya", "Javier", "Clara", "Hiro", "Ines", "Luca", "Maya", "Oscar"]

@@ -8,18 +8,18 @@ import pytest
 
 from memalpha.config import RunConfig
 from memalpha.data.synth import SynthConfig, generate
-from memalpha.episode import Episode
-from memalpha.memory.schema import MEMALPHA_SCHEMA, PERSONA_SCHEMA, get_schema
+from memalpha.env.episode import Episode
+from memalpha.env.parsing import NOTHING_TO_STORE, parse_tool_calls
+from memalpha.env.tools import execute_text
+from memalpha.memory.schema import MEMALPHA_SCHEMA, PERSONA_SCHEMA
 from memalpha.memory.store import MemoryStore
 from memalpha.memory.views import reader_view, view_ids
-from memalpha.metrics import score_answer
 from memalpha.models.readers import EvidenceReader, ReaderItem
-from memalpha.parsing import NOTHING_TO_STORE, parse_tool_calls
 from memalpha.retrieval import MemoryIndex
-from memalpha.rewards import rule_verdicts
-from memalpha.rule_writer import RuleWriter, run_rule_writer, third_person
+from memalpha.rewards.judge import rule_verdicts
+from memalpha.rewards.qa import score_answer
+from memalpha.teacher.rule_writer import RuleWriter, run_rule_writer, third_person
 from memalpha.tokens import regex_token_count
-from memalpha.tools import execute_text
 
 HEADER = "The following is a conversation from 9:45 pm on 23 March, 2023. Please remember it.\n\n"
 
@@ -110,70 +110,6 @@ def test_changed_fact_updates_the_visible_entry():
     assert all(json.loads(line)["name"] != "memory_update" or json.loads(line)["arguments"]["memory_type"] == "core" for line in text.splitlines())
 
 
-def test_text_addressed_updates_quote_the_changed_value_and_change_the_same_entries_as_ids():
-    schema = get_schema("memalpha", entry_address="text")
-    store = MemoryStore(schema)
-    writer = RuleWriter(schema)
-    run(writer, store, HEADER + "Nadia: I live in Tacoma these days.\nNadia: I work as a pastry chef.")
-    text, _, results = run(writer, store, HEADER + "Nadia: Big news: we moved from Tacoma to Graz!\nNadia: Career change! No longer a pastry chef, I work as a florist.", 1)
-    updates = [json.loads(line)["arguments"] for line in text.splitlines() if json.loads(line)["arguments"]["memory_type"] == "semantic"]
-    assert [u["old_content"] for u in updates] == ["Tacoma", "chef"]  # the shortest words only that entry holds, as the chunk says them
-    assert all(r.ok for r in results) and [e.id for e in store.entries("semantic")] == ["sem-1", "sem-2"]
-    assert "Graz" in store.entries("semantic")[0].content and "florist" in store.entries("semantic")[1].content
-
-
-def synthetic_conflict_steps(address: str, call_order: str = "name_first"):
-    """(instance id, completion, results) for each chunk the rule writer writes, entries named by `address`
-    and calls spelt in `call_order`, over 12 synthetic conflict-resolution conversations."""
-    schema = get_schema("memalpha", entry_address=address, call_order=call_order)
-    writer = RuleWriter(schema, max_completion_tokens=10_000)
-    for instance in generate(SynthConfig(instances=12, chunks_per_instance=(4,), chunk_tokens=512,
-                                         competencies=("conflict_resolution",), seed=3)):
-        store = MemoryStore(schema)
-        for t, chunk in enumerate(instance.chunks):
-            text, _, results = run(writer, store, chunk, t)
-            yield instance.instance_id, text, results
-
-
-def test_on_synthetic_data_text_and_id_addressing_make_the_same_updates():
-    updated = {}
-    for address in ("id", "text"):
-        updated[address] = []
-        for _, _, results in synthetic_conflict_steps(address):
-            assert all(r.ok for r in results if r.name == "memory_update")
-            updated[address] += [(r.entry_id, r.content) for r in results if r.name == "memory_update" and r.entry_id]
-    assert len(updated["id"]) >= 12 and updated["text"] == updated["id"]
-
-
-def test_on_synthetic_data_subject_updates_mostly_replace_the_entries_ids_name():
-    # the store finds what an update is about; where it finds nothing the new value is inserted beside the old
-    updated = {}
-    for address in ("id", "subject"):
-        updated[address] = set()
-        for instance_id, text, results in synthetic_conflict_steps(address):
-            if address == "subject":
-                assert all("old_content" not in c.arguments for c in parse_tool_calls(text).calls)
-            updated[address] |= {(instance_id, r.entry_id, r.content) for r in results
-                                 if r.name == "memory_update" and r.memory_type == "semantic" and r.previous_content}
-    assert len(updated["id"]) >= 12 and len(updated["id"] & updated["subject"]) >= 0.85 * len(updated["id"])
-
-
-@pytest.mark.parametrize("address", ["id", "subject"])
-def test_statement_first_calls_spell_the_statement_before_the_name_and_write_the_same_memory(address):
-    name_first = list(synthetic_conflict_steps(address))
-    statement_first = list(synthetic_conflict_steps(address, "statement_first"))
-    updates = 0
-    for (_, text, results), (_, sf_text, sf_results) in zip(name_first, statement_first, strict=True):
-        assert [r.to_dict() | {"arguments": None} for r in sf_results] == [r.to_dict() | {"arguments": None} for r in results]
-        if sf_text == NOTHING_TO_STORE:
-            continue
-        for line in sf_text.splitlines():
-            call = json.loads(line)
-            assert list(call) == ["arguments", "name"] and "new_content" not in call["arguments"]
-            updates += call["name"] == "memory_update" and call["arguments"]["memory_type"] != "core"
-    assert updates >= 12
-
-
 def test_two_changes_in_one_chunk_keep_only_the_latest():
     store = MemoryStore(MEMALPHA_SCHEMA)
     chunk = HEADER + "Rhea: Sold the teal hatchback, I drive a red camper van now.\nRhea: Sold the red camper van, I drive a orange motorbike now."
@@ -205,35 +141,6 @@ def test_budget_keeps_the_most_valuable_calls():
     assert short and short != NOTHING_TO_STORE and not parse_tool_calls(short).errors
 
 
-def test_text_order_spells_the_kept_inserts_as_the_chunk_says_them():
-    # the first-person allergy outranks nothing; the relayed job (a name, a cue) is ranked first by value
-    chunk = HEADER + "Zeno: I have to avoid shellfish, allergy test came back positive.\nZeno: Bruno just started working as a welder at Copperleaf."
-    by_value = RuleWriter(MEMALPHA_SCHEMA).write(chunk, MemoryStore(MEMALPHA_SCHEMA))
-    by_text = RuleWriter(MEMALPHA_SCHEMA, insert_order="text").write(chunk, MemoryStore(MEMALPHA_SCHEMA))
-    inserts = [[c.arguments["content"] for c in parse_tool_calls(t).calls if c.name == "memory_insert"] for t in (by_value, by_text)]
-    assert "welder" in inserts[0][0] and "shellfish" in inserts[0][1]
-    assert inserts[1] == inserts[0][::-1]
-    assert json.loads(by_text.splitlines()[-1])["arguments"]["memory_type"] == "core"  # the core stays last
-    # under a budget both keep the same, most valuable calls
-    budget = regex_token_count(by_value.splitlines()[0] + "\n")
-    kept = [RuleWriter(MEMALPHA_SCHEMA, max_completion_tokens=budget, insert_order=order).write(chunk, MemoryStore(MEMALPHA_SCHEMA))
-            for order in ("value", "text")]
-    assert kept[0] == kept[1] and "welder" in kept[0] and "shellfish" not in kept[0]
-
-
-def test_quote_form_stores_the_line_as_said_and_still_updates_it():
-    store = MemoryStore(MEMALPHA_SCHEMA)
-    writer = RuleWriter(MEMALPHA_SCHEMA, entry_form="quote")
-    run(writer, store, HEADER + "Nadia: I live in Tacoma these days.\nNadia: I adopted a cat yesterday, we named her Miso.")
-    assert [e.content for e in store.entries("semantic")] == ["Nadia: I live in Tacoma these days."]
-    assert [e.content for e in store.entries("episodic")] == ["Nadia (23 March 2023): I adopted a cat yesterday, we named her Miso."]
-    (before,) = store.entries("semantic")
-    text, _, results = run(writer, store, HEADER + "Nadia: Big news: we moved from Tacoma to Graz!", 1)
-    assert json.loads(text.splitlines()[0])["name"] == "memory_update"
-    (after,) = store.entries("semantic")
-    assert after.id == before.id and after.content == "Nadia: Big news: we moved from Tacoma to Graz!"
-
-
 def test_third_person():
     assert third_person("I love my job and I go to the gym", "Maya") == "Maya loves Maya's job and Maya goes to the gym"
     assert third_person("I'm a nurse now; I don't live in Lisbon anymore", "Ana") == "Ana is a nurse now; Ana doesn't live in Lisbon anymore"
@@ -249,7 +156,7 @@ def test_persona_schema_writes_to_its_lists():
 
 def test_visible_ids_read_from_a_rendered_view():
     view = "[semantic]\n- sem-3: a\n- sem-10: b\n[episodic]\n- epi-4: c\nnot - x-1: y"
-    assert view_ids(view, MemoryStore(MEMALPHA_SCHEMA)) == {"sem-3", "sem-10", "epi-4"}
+    assert view_ids(view) == {"sem-3", "sem-10", "epi-4"}
 
 
 def test_on_synthetic_data_high_evidence_recall_and_valid_calls():

@@ -6,13 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from memalpha.grpo import compute_advantages, group_ids
-from memalpha.models.readers import make_reader
-from memalpha.rollout import _advance, collect_step_rollouts
-from memalpha.trainer import Trainer
 from test_rollout import _policy, make_instances, random_adapter, tiny_config  # noqa: F401  (fixture re-export)
 from test_trainer import _run_dir, resume_third_step
+
+from memalpha.models.readers import make_reader
+from memalpha.training.grpo import compute_advantages, group_ids
+from memalpha.training.rollout import _advance, collect_step_rollouts
+from memalpha.training.trainer import Trainer
 
 G = 3
 
@@ -32,7 +32,7 @@ def test_advantages_are_normalised_over_the_candidates_of_one_state():
 
 
 def test_the_state_advances_to_a_drawn_or_the_best_candidate():
-    group = [SimpleNamespace(reward=SimpleNamespace(total=t), guided=False) for t in (0.5, 2.0, 2.0, 1.0)]
+    group = [SimpleNamespace(reward=SimpleNamespace(total=t)) for t in (0.5, 2.0, 2.0, 1.0)]
     assert _advance(group, "best", None) == 1  # the first of the tied best
     draws = [_advance(group, "sample", torch.Generator().manual_seed(s)) for s in range(40)]
     assert set(draws) == {0, 1, 2, 3}
@@ -93,77 +93,13 @@ def test_groups_without_signal_are_counted_and_not_trained_on(step_run):
                 zero += group.height
                 assert group["advantage"].abs().max() == 0
         assert m["frac_reward_zero_std"] == pytest.approx(zero / frame.height)
-        assert m["update/skipped_samples"] == zero  # no forward/backward for them (kl_beta = 0)
+        assert m["update/skipped_samples"] == zero  # no forward/backward for them
 
 
 def test_step_level_resume_reproduces_the_uninterrupted_run(step_run, tmp_path):
     data, run, results = step_run
     result, _ = resume_third_step(_step_config(data), run, results, tmp_path)
     assert json.loads(results[2].samples["memory"][0]) == json.loads(result.samples["memory"][0])
-
-
-def test_a_sample_advance_never_moves_to_the_guided_candidate():
-    group = [SimpleNamespace(reward=SimpleNamespace(total=t), guided=g) for t, g in ((0.5, False), (1.0, False), (3.0, True))]
-    assert {_advance(group, "sample", torch.Generator().manual_seed(s)) for s in range(40)} == {0, 1}
-    assert _advance(group, "best", None) == 2
-
-
-def test_rule_guidance_puts_the_rule_writers_completion_in_every_group(tmp_path, random_adapter):  # noqa: F811
-    from memalpha.rule_writer import RuleWriter
-
-    config = tiny_config(tmp_path, "data.max_chunks_per_instance=0", "grpo.sampling=step", "grpo.rule_guidance=true",
-                         "rollout.max_completion_length=64")  # room for the rule writer's calls
-    policy = _policy(config, random_adapter)
-    instances = make_instances()[:2]  # 3 and 2 chunks
-    batch = collect_step_rollouts(policy, instances, config, num_generations=G,
-                                  generator=torch.Generator().manual_seed(0), reader=make_reader(config.model))
-    assert len(batch.samples) == G * (3 + 2)
-    writer = RuleWriter(config.memory.schema())
-    eos = policy.tokenizer.eos_token_id
-    for start in range(0, len(batch.samples), G):
-        group = batch.samples[start : start + G]
-        assert [s.guided for s in group] == [False] * (G - 1) + [True]
-        sampled, guide = group[:-1], group[-1]
-        assert all(s.sampling_logps and len(s.sampling_logps) == len(s.completion_ids) for s in sampled)
-        assert guide.sampling_logps == [] and guide.completion_ids[-1] == eos and not guide.truncated
-        assert guide.prompt_ids == sampled[0].prompt_ids  # one state, one prompt
-        assert "allergic" not in guide.completion or guide.chunk == 0  # the writer saw this chunk
-    first = batch.samples[G - 1]
-    assert "allergic to hazelnuts" in first.completion and first.reward.coverage == 1.0
-    for b in range(2):
-        last = [s for s in batch.samples if s.instance_index == b][-G:]
-        followed = {s.memory_json for s in last if not s.guided}
-        assert batch.memories[b].to_json() in followed  # the state never moved to the guide
-
-
-def test_a_winning_guided_candidate_is_trained_towards(tmp_path, random_adapter):  # noqa: F811
-    from test_rollout import make_dataset
-
-    config = tiny_config(make_dataset(tmp_path / "data"), "grpo.sampling=step", "grpo.rule_guidance=true",
-                         "rollout.num_generations=3", "rollout.max_completion_length=64", "grpo.learning_rate=0.05", "grpo.steps=1", "grpo.eval_every=10")
-    trainer = Trainer(config, _run_dir(tmp_path, random_adapter))
-    winners, update = [], trainer._update
-
-    def sequence_logps(rows):
-        with torch.no_grad():
-            logps, _, mask = trainer._logps(rows, shared=False)
-        return (logps * mask).sum(1)
-
-    def recording_update(samples, advantages):
-        winners.extend(s for s, a in zip(samples, advantages.tolist()) if s.guided and a > 0)
-        winners.append(sequence_logps(winners))
-        return update(samples, advantages)
-
-    trainer._update = recording_update
-    result = trainer.train_step()
-    before = winners.pop()
-    assert winners and bool((sequence_logps(winners) > before).all())  # more likely after the update
-    frame, m = result.samples, result.metrics
-    guided = frame.filter(frame["guided"])
-    assert guided.height == frame.height // 3 and m["guidance/beats_sampled"] > 0
-    assert m["guidance/advantage"] == pytest.approx(guided["advantage"].mean())
-    own = frame.filter(~frame["guided"])
-    assert m["reward"] == pytest.approx(own["reward"].mean())  # the policy's metrics leave the guide out
 
 
 def _three_curriculum_steps(tmp_path, adapter, schedule: str) -> list:
@@ -184,7 +120,7 @@ def test_the_chunk_curriculum_grows_instances_over_steps(tmp_path, random_adapte
 
 def test_thinning_keeps_the_evidence_and_a_fixed_share_of_the_distractors():
     from memalpha.data.schema import Instance, Question
-    from memalpha.episode import thin_distractors
+    from memalpha.training.data import thin_distractors
 
     questions = [Question("q1", "?", ["a"], "single_hop", [1]), Question("q2", "?", ["b"], "single_hop", [4, 1])]
     instance = Instance("i", "synth", "accurate_retrieval", [f"chunk {i}" for i in range(6)], questions)
@@ -219,24 +155,16 @@ def test_a_curriculum_the_data_cannot_follow_is_refused(kind, schedule, message)
         load_config(None, ["data.max_chunks_per_instance=2", f"data.{kind}_curriculum={schedule}"])
 
 
-@pytest.mark.parametrize("overrides", [["grpo.sampling=trajectory"], ["grpo.sampling=step", "rollout.num_generations=1"]])
-def test_rule_guidance_without_step_groups_is_refused(overrides):
-    from memalpha.config import ConfigError, load_config
-
-    with pytest.raises(ConfigError, match="grpo.rule_guidance needs grpo.sampling=step"):
-        load_config(None, ["grpo.rule_guidance=true", *overrides])
-
-
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
 def test_the_shared_prompt_update_equals_the_plain_one(tmp_path, random_adapter, loss_type):  # noqa: F811
     """Running a group's prompt forward once and reusing its cache for the G completions, and the prefix
-    all groups share once for the step, gives the loss, KL, entropy and gradients of the plain update,
+    all groups share once for the step, gives the loss, entropy and gradients of the plain update,
     which runs every [prompt | completion] row."""
     from test_rollout import make_dataset
 
-    from memalpha.generation import MIN_SHARED_PREFIX
+    from memalpha.training.generation import MIN_SHARED_PREFIX
 
-    config = _step_config(make_dataset(tmp_path / "data"), "grpo.kl_beta=0.3", f"grpo.loss_type={loss_type}",
+    config = _step_config(make_dataset(tmp_path / "data"), f"grpo.loss_type={loss_type}",
                           "grpo.micro_batch_size=2")
     trainer = Trainer(config, _run_dir(tmp_path, random_adapter))
     batch = collect_step_rollouts(trainer.policy, trainer._next_instances(), config, num_generations=G,
@@ -254,7 +182,7 @@ def test_the_shared_prompt_update_equals_the_plain_one(tmp_path, random_adapter,
     plain_stats, plain_grads = update(False)
     assert shared_stats["shared_prefix_tokens"] >= MIN_SHARED_PREFIX  # the system prompt ran once for all groups
     assert plain_stats["shared_prefix_tokens"] == 0
-    for key in ("loss", "kl", "entropy", "tokens", "grad_norm"):
+    for key in ("loss", "entropy", "tokens", "grad_norm"):
         assert shared_stats[key] == pytest.approx(plain_stats[key], rel=1e-4, abs=1e-6), key
     assert shared_stats["grad_norm"] > 0
     for a, b in zip(shared_grads, plain_grads):

@@ -4,7 +4,13 @@ import re
 
 import pytest
 
-from memalpha.memory import MEMALPHA_SCHEMA, PERSONA_SCHEMA, MemoryStore, get_schema, reader_view, view_ids, whole_view, writer_view
+from memalpha.memory import (
+    MEMALPHA_SCHEMA,
+    PERSONA_SCHEMA,
+    MemoryStore,
+    reader_view,
+    writer_view,
+)
 from memalpha.tokens import regex_token_count
 
 
@@ -135,16 +141,3 @@ def test_persona_views():
     assert "[values]\n- val-1: Values honesty." in writer_view(store, "", None)
 
 
-def test_entries_named_by_their_words_are_shown_without_ids():
-    store = MemoryStore(get_schema("memalpha", entry_address="text"))
-    store.insert("semantic", "Alice's cat is called Miso.", 0)
-    for i in range(20):
-        store.insert("episodic", f"Day {i}: Alice went to work.", i + 1)
-    view = writer_view(store, "Miso", overlap_search(store), newest=2, relevant=1)
-    assert "- Alice's cat is called Miso." in view and not shown_ids(view) and "epi-" not in view
-    assert view_ids(view, store) == {"sem-1", "epi-20", "epi-21"}
-    whole = whole_view(store, 10_000)
-    assert "- Day 0: Alice went to work." in whole and not shown_ids(whole)
-    assert len(view_ids(whole, store)) == 21
-    small = writer_view(store, "Miso", overlap_search(store), budget_tokens=25, newest=20, relevant=1)
-    assert regex_token_count(small) <= 25 and view_ids(small, store) < view_ids(whole, store)

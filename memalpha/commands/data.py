@@ -8,7 +8,7 @@ from collections import defaultdict
 from memalpha.config import load_config
 from memalpha.data.loaders import SOURCES
 from memalpha.errors import UserError
-from memalpha.question_types import COMPETENCIES
+from memalpha.rewards.question_types import COMPETENCIES
 
 
 def register(subparsers) -> None:

@@ -49,7 +49,12 @@ def _previous_metrics(folder: str) -> dict[str, float]:
 
 
 def _run(args) -> int:
-    from memalpha.evaluation import evaluate, evaluate_length, resolve_adapter, write_report
+    from memalpha.evaluation import (
+        evaluate,
+        evaluate_length,
+        resolve_adapter,
+        write_report,
+    )
     from memalpha.evaluation.regression import check_regression
 
     overrides = list(args.set)

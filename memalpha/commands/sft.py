@@ -22,36 +22,24 @@ def register(subparsers) -> None:
 
 
 def _run(args) -> int:
-    from memalpha.data.io import read_dataset
     from memalpha.models.loading import ModelNotPreparedError
     from memalpha.models.policy import AdapterError, load_policy
     from memalpha.progress import SFTProgress
-    from memalpha.sft import DemoStats, train_warm_start
+    from memalpha.teacher.warm_start import warm_start
+    from memalpha.training.data import load_training_data
 
     config = load_config(args.config, args.set)
-    data_path = Path(args.data or config.data.train_path)
+    data_path = Path(args.data or config.sft.data_path or config.data.train_path)
     if not data_path.exists():
         raise UserError(f"training data {data_path} not found (create it with `memalpha data synth --out {data_path}`)")
-    instances = [i for i in read_dataset(data_path) if i.split in ("train", "")]
-    instances = [i for i in instances if i.competency in config.data.competencies] or instances
-    if not instances:
-        raise UserError(f"{data_path} has no training instances")
-    if args.adapter and config.sft.soup_seeds > 1:
-        raise UserError(f"--adapter continues one adapter, sft.soup_seeds={config.sft.soup_seeds} averages fresh ones; "
-                        "drop one of them")
     try:
-        policy = load_policy(config.trained_model(), adapter=args.adapter, seed=config.grpo.seed)
+        policy = load_policy(config.model, adapter=args.adapter, seed=config.grpo.seed)
     except (ModelNotPreparedError, AdapterError, FileNotFoundError) as exc:
         raise UserError(str(exc)) from None
-
-    stats = DemoStats()
-    result = train_warm_start(policy, instances, config, args.out, on_log=SFTProgress(lambda line: print(line, flush=True)),
-                              stats=stats)
-    print(
-        f"demonstrations: {stats.kept} from {stats.chunks} chunks of {len(instances)} instances "
-        f"({stats.nothing_to_store} nothing-to-store, {stats.updates} updating an entry, {stats.too_long} longer than sft.max_length dropped)",
-        flush=True,
-    )
-    print(json.dumps({k: v for k, v in result.to_dict().items() if k != "losses"}), file=sys.stdout)
-    print(f"adapter saved to {result.adapter_dir}")
+    data = load_training_data(config, policy.tokenizer, data_path)
+    out = warm_start(config, args.out, policy, data.splits["train"], data.splits["validation"],
+                     on_log=SFTProgress(lambda line: print(line, flush=True)))
+    result = json.loads((out / "sft_result.json").read_text())
+    print(json.dumps({k: v for k, v in result.items() if k != "losses"}), file=sys.stdout)
+    print(f"adapter saved to {out}")
     return 0

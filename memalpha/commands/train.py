@@ -44,7 +44,8 @@ def _say(line: str) -> None:
 
 def _train(args) -> int:
     from memalpha.progress import GRPOProgress, SFTProgress
-    from memalpha.trainer import METRICS_FILE, Trainer
+    from memalpha.teacher.warm_start import prepare_warm_start
+    from memalpha.training.trainer import METRICS_FILE, Trainer
 
     config = load_config(args.config, args.set)
     run_dir, checkpoint = _resolve(args.resume, config.output_dir)
@@ -52,7 +53,9 @@ def _train(args) -> int:
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     print(f"run folder: {run_dir} (training hash {config.training_hash()})")
     started = time.perf_counter()
-    trainer = Trainer(config, run_dir, force=args.force, on_warm_start_log=SFTProgress(_say))
+    began = time.time()  # the time budget counts the warm start too
+    prepare_warm_start(config, run_dir, on_log=SFTProgress(_say), started=began)
+    trainer = Trainer(config, run_dir, force=args.force, started=began)
     print(f"policy {config.model.policy} on {trainer.policy.device} ({trainer.policy.dtype}); "
           f"ready in {time.perf_counter() - started:.0f} s")
     if trainer.maybe_resume(checkpoint):

@@ -7,7 +7,7 @@ from memalpha.data.schema import SPLITS, DataError, Instance, Question
 from memalpha.data.splits import assign_splits, split_of
 from memalpha.data.synth import PRESETS, SynthConfig, generate
 from memalpha.data.validation import Limits, ValidationResult, validate
-from memalpha.question_types import COMPETENCIES, QUESTION_TYPES
+from memalpha.rewards.question_types import COMPETENCIES, QUESTION_TYPES
 
 __all__ = [
     "COMPETENCIES", "PRESETS", "QUESTION_TYPES", "SOURCES", "SPLITS", "Chunked", "DataError", "Instance", "Limits",

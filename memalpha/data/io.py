@@ -18,7 +18,7 @@ from typing import Any
 import polars as pl
 
 from memalpha.data.schema import DataError, Instance, Question, answer_to_str, where
-from memalpha.question_types import COMPETENCIES
+from memalpha.rewards.question_types import COMPETENCIES
 
 DATA_FILE = "data.parquet"
 REJECTED_FILE = "rejected.parquet"

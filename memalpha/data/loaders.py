@@ -14,8 +14,14 @@ from typing import Any
 import polars as pl
 
 from memalpha.data.chunking import Turn, chunk_turns, text_turns
-from memalpha.data.io import (frame_to_instances, guess_notes, parse_question, read_frame, resolve_competency,
-                              with_default_type)
+from memalpha.data.io import (
+    frame_to_instances,
+    guess_notes,
+    parse_question,
+    read_frame,
+    resolve_competency,
+    with_default_type,
+)
 from memalpha.data.schema import DataError, Instance, Question, answer_to_str
 
 SOURCES = ("synthetic", "memalpha", "memoryagentbench", "locomo", "jsonl")

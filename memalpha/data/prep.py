@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from memalpha.data.chunking import TokenCounts
-from memalpha.data.io import REJECTED_FILE, REPORT_MD, refused_dir, write_dataset, write_rejected
+from memalpha.data.io import (
+    REJECTED_FILE,
+    REPORT_MD,
+    refused_dir,
+    write_dataset,
+    write_rejected,
+)
 from memalpha.data.loaders import Loaded, load_source, to_instance
 from memalpha.data.schema import DataError, Instance
 from memalpha.data.splits import assign_splits

@@ -20,7 +20,7 @@ from typing import Any
 
 from memalpha.data.chunking import DIALOGUE_HEADER, TokenCounts, Turn, chunk_turns
 from memalpha.data.schema import Instance, Question
-from memalpha.question_types import COMPETENCIES
+from memalpha.rewards.question_types import COMPETENCIES
 from memalpha.tokens import regex_token_count
 
 GENERATOR = "memalpha-synth-1"

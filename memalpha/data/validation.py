@@ -22,8 +22,8 @@ import pandas as pd
 from memalpha.config import DataConfig
 from memalpha.data.chunking import TokenCounts
 from memalpha.data.schema import SPLITS, Instance
-from memalpha.metrics import normalize_answer
-from memalpha.question_types import COMPETENCIES, QUESTION_TYPES
+from memalpha.rewards.qa import normalize_answer
+from memalpha.rewards.question_types import COMPETENCIES, QUESTION_TYPES
 from memalpha.text import MONTHS
 
 Reader = Callable[[str], str]

@@ -1,5 +1,5 @@
 """The compared methods. Each builds, for every instance, one reader context per question; the runner
-then has the same reader answer all of them and scores with memalpha.metrics.score_answer.
+then has the same reader answer all of them and scores with memalpha.rewards.qa.score_answer.
 
 Every context obeys the same budget, `memory.reader_view_tokens` tokens of the shared token counter:
 - memory methods (`policy`, `base`, `sft`, `rule_writer`): the reader view of the finished memory (core
@@ -26,17 +26,22 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
-from memalpha.checkpoint import ADAPTER, BEST, latest_checkpoint, policy_adapter
 from memalpha.config import EVAL_METHODS, RunConfig
 from memalpha.data.schema import Instance
-from memalpha.episode import Episode, answers_lost, whole_memory_text
+from memalpha.env.episode import Episode, answers_lost, whole_memory_text
 from memalpha.errors import UserError
 from memalpha.memory import MemoryStore, reader_view, truncate_to_tokens
 from memalpha.models.policy import ADAPTER_CONFIG
 from memalpha.retrieval import ChunkIndex, MemoryIndex
-from memalpha.rewards import memory_support
-from memalpha.rule_writer import rule_writer_for, run_rule_writer
+from memalpha.rewards.coverage import memory_support
+from memalpha.teacher.rule_writer import rule_writer_for, run_rule_writer
 from memalpha.tokens import TokenCounter
+from memalpha.training.checkpoint import (
+    ADAPTER,
+    BEST,
+    latest_checkpoint,
+    policy_adapter,
+)
 
 if TYPE_CHECKING:
     from memalpha.retrieval import TextEncoder
@@ -229,7 +234,7 @@ class RuleWriterMethod(Method):
 
 
 class PolicyMethod(Method):
-    """A LoRA policy writes the memory through the rollout machinery (memalpha.rollout), G=1 per
+    """A LoRA policy writes the memory through the rollout machinery (memalpha.training.rollout), G=1 per
     instance, batched over `eval.batch_size` instances; greedy unless `eval.temperature` > 0.
 
     `policy`: the trained adapter; `sft`: the warm-start adapter; `base`: a fresh LoRA (zero update), i.e.
@@ -260,7 +265,7 @@ class PolicyMethod(Method):
     def build(self, instances: list[Instance], seed: int) -> list[Built]:
         import torch
 
-        from memalpha.rollout import write_unasked
+        from memalpha.training.rollout import write_unasked
 
         generator = None if not self.stochastic else torch.Generator(device=self.policy.device).manual_seed(seed)
         size = self.env.config.eval.batch_size

@@ -1,5 +1,5 @@
 """Run the compared methods on a dataset split: build contexts, have the one configured reader answer
-every question, score each answer with memalpha.metrics.score_answer, and record sizes and timings."""
+every question, score each answer with memalpha.rewards.qa.score_answer, and record sizes and timings."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from memalpha.data.schema import Instance
 from memalpha.errors import UserError
 from memalpha.evaluation.methods import Built, EvalEnv, Method, make_method
 from memalpha.evaluation.results import INSTANCE_COLUMNS, QUESTION_COLUMNS, EvalResult
-from memalpha.metrics import score_answer
 from memalpha.models.readers import Reader, ReaderItem, make_reader
-from memalpha.rewards import compression
+from memalpha.rewards.qa import score_answer
+from memalpha.rewards.rubric import compression
 from memalpha.tokens import TokenCounter, regex_token_count, tokenizer_counter
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,13 @@ def policy_tokenizer(config: RunConfig) -> tuple[Any, str]:
     """The policy's tokenizer, which measures every memory size, budget and input length here, or the
     regex counter when the tokenizer is not available; returns (tokenizer or counter, description)."""
     from memalpha.models.loading import (
-        TINY_POLICY, ModelNotPreparedError, build_tiny, default_model_dir, is_prepared, load_tokenizer, resolve_model_path,
+        TINY_POLICY,
+        ModelNotPreparedError,
+        build_tiny,
+        default_model_dir,
+        is_prepared,
+        load_tokenizer,
+        resolve_model_path,
     )
 
     try:

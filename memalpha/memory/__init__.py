@@ -1,7 +1,19 @@
 """The memory: layout (schema), store and the views shown to the writer and the reader."""
 
-from memalpha.memory.schema import MEMALPHA_SCHEMA, PERSONA_SCHEMA, MemorySchema, SectionSpec, get_schema
-from memalpha.memory.store import Entry, FailureReason, MemoryStore, OpResult, truncate_to_tokens
+from memalpha.memory.schema import (
+    MEMALPHA_SCHEMA,
+    PERSONA_SCHEMA,
+    MemorySchema,
+    SectionSpec,
+    get_schema,
+)
+from memalpha.memory.store import (
+    Entry,
+    FailureReason,
+    MemoryStore,
+    OpResult,
+    truncate_to_tokens,
+)
 from memalpha.memory.views import reader_view, view_ids, whole_view, writer_view
 
 __all__ = [

@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 SectionKind = Literal["paragraph", "list"]
-EntryAddress = Literal["id", "text", "subject"]
-ENTRY_ADDRESSES: tuple[EntryAddress, ...] = get_args(EntryAddress)
-CallOrder = Literal["name_first", "statement_first"]
-CALL_ORDERS: tuple[CallOrder, ...] = get_args(CallOrder)
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -63,32 +59,13 @@ class SectionSpec:
 
 @dataclass(frozen=True)
 class MemorySchema:
-    """An ordered set of sections with unique names and unique id prefixes.
-
-    `entry_address` is how a writer names the list entry it updates or deletes: `id` (the paper's
-    `memory_id`, e.g. `sem-3`) or `text` (`old_content`: words of the entry, matched as in
-    `MemoryStore.find_by_text`), which a small writer can copy from the chunk instead of looking up an id.
-    With `text`, views show entries without ids (nothing to copy by mistake) and an update whose words name
-    no single entry inserts its new content (`memalpha.tools`). `subject` deletes as `text` does, but an
-    update names no entry: it replaces the one its new content is about (`MemoryStore.find_by_subject`),
-    so a writer that cannot aim at an entry only decides that a fact changed and states the new one.
-
-    `call_order` is how a writer spells a call: `name_first` (`{"name": ..., "arguments": ...}`, the
-    paper's) or `statement_first` (`{"arguments": ..., "name": ...}`, with `content` the text argument of
-    inserts and updates alike), so that a writer decodes the statement before it decides between insert
-    and update (`memalpha.tools.call_line`; docs/TRAINING.md measures both).
-    """
+    """An ordered set of sections with unique names and unique id prefixes. A writer names the list
+    entry it updates or deletes by its id (`sem-3`), as the paper's tools do."""
 
     name: str
     sections: tuple[SectionSpec, ...]
-    entry_address: EntryAddress = "id"
-    call_order: CallOrder = "name_first"
 
     def __post_init__(self) -> None:
-        if self.entry_address not in ENTRY_ADDRESSES:
-            raise ValueError(f"memory schema {self.name!r}: entry_address must be one of {ENTRY_ADDRESSES}, not {self.entry_address!r}")
-        if self.call_order not in CALL_ORDERS:
-            raise ValueError(f"memory schema {self.name!r}: call_order must be one of {CALL_ORDERS}, not {self.call_order!r}")
         if not self.sections:
             raise ValueError(f"memory schema {self.name!r} has no sections")
         names = [s.name for s in self.sections]
@@ -118,12 +95,7 @@ class MemorySchema:
         return tuple(s for s in self.sections if not s.is_list)
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"name": self.name, "sections": [s.to_dict() for s in self.sections]}
-        if self.entry_address != "id":  # the paper's ids are the default, and stores written before this field
-            data["entry_address"] = self.entry_address
-        if self.call_order != "name_first":
-            data["call_order"] = self.call_order
-        return data
+        return {"name": self.name, "sections": [s.to_dict() for s in self.sections]}
 
     @classmethod
     def from_dict(cls, data: Any) -> MemorySchema:
@@ -149,8 +121,7 @@ class MemorySchema:
                 )
             except (KeyError, TypeError) as exc:
                 raise ValueError(f"schema.sections[{i}]: missing or invalid field {exc}") from None
-        return cls(name=data["name"], sections=tuple(sections), entry_address=data.get("entry_address", "id"),
-                   call_order=data.get("call_order", "name_first"))
+        return cls(name=data["name"], sections=tuple(sections))
 
 
 _CORE = SectionSpec(
@@ -200,15 +171,12 @@ PERSONA_SCHEMA = MemorySchema(
 _SCHEMAS = {s.name: s for s in (MEMALPHA_SCHEMA, PERSONA_SCHEMA)}
 
 
-def get_schema(name: str, core_max_tokens: int = 512, entry_address: EntryAddress = "id",
-               call_order: CallOrder = "name_first") -> MemorySchema:
-    """The named layout (`memalpha` or `persona`) with the core paragraph capped at `core_max_tokens`,
-    entries addressed by `entry_address` and calls spelt in `call_order` (`MemoryConfig.schema()` passes
-    the run's settings)."""
+def get_schema(name: str, core_max_tokens: int = 512) -> MemorySchema:
+    """The named layout (`memalpha` or `persona`) with the core paragraph capped at `core_max_tokens`."""
     if name not in _SCHEMAS:
         raise ValueError(f"unknown memory schema {name!r} (known: {', '.join(_SCHEMAS)})")
     if core_max_tokens < 1:
         raise ValueError(f"core_max_tokens must be positive, not {core_max_tokens}")
     base = _SCHEMAS[name]
     sections = tuple(replace(s, max_tokens=core_max_tokens) if s.name == "core" else s for s in base.sections)
-    return MemorySchema(base.name, sections, entry_address, call_order)
+    return MemorySchema(base.name, sections)

@@ -17,7 +17,6 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from memalpha.memory.schema import MemorySchema, SectionSpec
-from memalpha.text import UPDATE_SHARED_WORDS, proper_names, subject_words
 from memalpha.tokens import TokenCounter, regex_token_count
 
 Event = Literal["insert", "update", "delete"]
@@ -28,13 +27,12 @@ _JSON_VERSION = 1
 
 
 class FailureReason(StrEnum):
-    """Why a tool call failed (re-exported by `memalpha.tools`)."""
+    """Why a tool call failed (re-exported by `memalpha.env.tools`)."""
 
     UNPARSEABLE = "unparseable"
     UNKNOWN_TOOL = "unknown_tool"
     BAD_ARGUMENTS = "bad_arguments"
     UNKNOWN_ID = "unknown_id"
-    AMBIGUOUS = "ambiguous"
     DUPLICATE = "duplicate"
     EMPTY_CONTENT = "empty_content"
     WRONG_MEMORY_TYPE = "wrong_memory_type"
@@ -73,20 +71,6 @@ def _fail(reason: FailureReason, message: str, entry_id: str | None = None) -> O
 def normalize_content(text: str) -> str:
     """Whitespace-normalised content, the key for duplicate detection."""
     return " ".join(text.split())
-
-
-EDGE_PUNCTUATION = " \t\n.,;:!?\"'()"
-"""What `text_key` strips from the ends of a fragment."""
-
-
-def text_key(text: str) -> str:
-    """What `find_by_text` compares: lower case, normalised whitespace, no punctuation at the ends."""
-    return normalize_content(text).lower().strip(EDGE_PUNCTUATION)
-
-
-def contains_words(content: str, fragment_key: str) -> bool:
-    """`fragment_key` (a `text_key`) occurs in `content` as whole words."""
-    return re.search(rf"(?<!\w){re.escape(fragment_key)}(?!\w)", normalize_content(content).lower()) is not None
 
 
 def truncate_to_tokens(text: str, max_tokens: int, count: TokenCounter) -> tuple[str, bool]:
@@ -263,53 +247,6 @@ class MemoryStore:
         elsewhere = self._section_of.get(key)
         where = f" (it is in {elsewhere})" if elsewhere else ""
         return None, _fail(FailureReason.UNKNOWN_ID, f"no entry {key!r} in {section}{where}", key)
-
-    def find_by_text(self, section: str, fragment: Any) -> tuple[Entry | None, OpResult | None]:
-        """The entry of a list section that `fragment` names: the one whose whole content it is, else the
-        only one containing it as whole words (case and end punctuation ignored). Zero or several
-        matches are a failed result naming the fragment, as `str_replace` editors fail."""
-        spec = self.spec(section)
-        if spec is None:
-            return None, self._unknown_section(section)
-        if not spec.is_list:
-            return None, _fail(FailureReason.WRONG_MEMORY_TYPE, f"{section} is a paragraph: it has no entries to name")
-        key = text_key(fragment) if isinstance(fragment, str) else ""
-        if not key:
-            return None, _fail(FailureReason.BAD_ARGUMENTS, f"old_content must be words of an entry of {section}, not {fragment!r}")
-        entries = self._entries[section].values()
-        whole = [e for e in entries if text_key(e.content) == key]
-        matches = whole or [e for e in entries if contains_words(e.content, key)]
-        if len(matches) == 1:
-            return matches[0], None
-        if not matches:
-            return None, _fail(FailureReason.UNKNOWN_ID, f"no entry of {section} contains {fragment!r}")
-        ids = ", ".join(e.id for e in matches)
-        return None, _fail(FailureReason.AMBIGUOUS, f"{fragment!r} matches {len(matches)} entries of {section} ({ids}): quote more of the one to change")
-
-    def find_by_subject(self, section: str, content: str) -> tuple[Entry | None, OpResult | None]:
-        """The entry of a list section that a new statement `content` is about: one naming a person or place
-        it names (`proper_names`) and sharing `UPDATE_SHARED_WORDS` subject words with it (`keeps_subject`).
-        Entries naming its first name come first, then those sharing the most words, the newest on ties.
-        None is a failed result (UNKNOWN_ID) saying so."""
-        spec = self.spec(section)
-        if spec is None:
-            return None, self._unknown_section(section)
-        if not spec.is_list:
-            return None, _fail(FailureReason.WRONG_MEMORY_TYPE, f"{section} is a paragraph: it has no entries to replace")
-        names, words = proper_names(content), subject_words(content)
-        named = set(names)
-        best, best_rank = None, None
-        for entry in reversed(self._entries[section].values()) if names else ():
-            theirs = set(proper_names(entry.content))
-            shared = len(words & subject_words(entry.content))
-            if not theirs & named or shared < UPDATE_SHARED_WORDS:
-                continue
-            rank = (names[0] in theirs, shared)
-            if best_rank is None or rank > best_rank:  # newest first: an older entry must rank higher
-                best, best_rank = entry, rank
-        if best is None:
-            return None, _fail(FailureReason.UNKNOWN_ID, f"no entry of {section} names whom or what {content!r} is about")
-        return best, None
 
     def update(self, section: str, entry_id: str | None, content: str, chunk: int) -> OpResult:
         """Replace an entry's content (list) or rewrite a paragraph (entry_id is ignored there)."""

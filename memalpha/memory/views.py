@@ -1,17 +1,16 @@
 """What the writer and the reader see of a memory, rendered compactly within a token budget.
 
 Format: one block per section, `[core]` followed by the paragraph, `[semantic]` followed by lines
-`- sem-3: content` (or `- content` when the schema's writer names entries by their words, so a small
-writer has no ids to copy). Entries are chosen by priority (newest and most relevant), shown in memory
-order, and the lowest-priority ones are dropped until the rendering fits the budget, measured with the
-store's token counter. The writer's view may instead list the entries most related to its chunk first.
+`- sem-3: content`. Entries are chosen by priority (newest and most relevant), shown in memory order,
+and the lowest-priority ones are dropped until the rendering fits the budget, measured with the store's
+token counter.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 from memalpha.memory.store import Entry, MemoryStore, truncate_to_tokens
 
@@ -21,9 +20,6 @@ SearchFn = Callable[[str, str, int], list[str]]
 """search(section, query, k) -> ids of the k entries of `section` most relevant to `query`, best first."""
 
 EMPTY = "(empty)"
-
-WriterViewOrder = Literal["id", "relevance"]
-
 
 def _entry_id(entry: Entry) -> str:
     return entry.id
@@ -61,30 +57,23 @@ def _searched(store: MemoryStore, search: SearchFn | None, section: str, query: 
     return [e for e in found if e is not None]  # an index may briefly hold ids the store no longer has
 
 
-def _entry_line(entry: Entry, with_id: bool) -> str:
-    return f"- {entry.id}: {_flat(entry.content)}" if with_id else f"- {_flat(entry.content)}"
+def _entry_line(entry: Entry) -> str:
+    return f"- {entry.id}: {_flat(entry.content)}"
 
 
-def _shows_ids(store: MemoryStore) -> bool:
-    return store.schema.entry_address == "id"
-
-
-def _render(paragraphs: list[tuple[str, str]], shown: dict[str, list[Entry]], with_ids: bool,
-            order: Callable[[Entry], object] = _id_number) -> str:
+def _render(paragraphs: list[tuple[str, str]], shown: dict[str, list[Entry]]) -> str:
     blocks = [f"[{name}]\n{text or EMPTY}" for name, text in paragraphs]
     for section, entries in shown.items():
         if entries:
-            lines = "\n".join(_entry_line(e, with_ids) for e in sorted(entries, key=order))
+            lines = "\n".join(_entry_line(e) for e in sorted(entries, key=_id_number))
             blocks.append(f"[{section}]\n{lines}")
     return "\n\n".join(blocks)
 
 
-def _fit(store: MemoryStore, priority: list[tuple[str, Entry]], budget_tokens: int,
-         order: Callable[[Entry], object] = _id_number) -> str:
+def _fit(store: MemoryStore, priority: list[tuple[str, Entry]], budget_tokens: int) -> str:
     """Paragraphs first (cut if needed), then entries in priority order while the budget allows; each
-    list's shown entries are listed by `order` (default: id, oldest first)."""
+    list's shown entries are listed by id, oldest first."""
     count = store.count_tokens
-    with_ids = _shows_ids(store)
     paragraphs: list[tuple[str, str]] = []
     used = 0
     for spec in store.schema.paragraph_sections:
@@ -101,7 +90,7 @@ def _fit(store: MemoryStore, priority: list[tuple[str, Entry]], budget_tokens: i
     shown: dict[str, list[Entry]] = {spec.name: [] for spec in store.schema.list_sections}
     accepted: list[tuple[str, Entry]] = []
     for section, entry in priority:
-        cost = count("\n" + _entry_line(entry, with_ids))
+        cost = count("\n" + _entry_line(entry))
         if not shown[section]:
             cost += count(f"\n\n[{section}]")
         if used + cost <= budget_tokens:
@@ -110,7 +99,7 @@ def _fit(store: MemoryStore, priority: list[tuple[str, Entry]], budget_tokens: i
             used += cost
 
     # The estimate above assumes counts add up; enforce the budget on the real rendering.
-    text = _render(paragraphs, shown, with_ids, order)
+    text = _render(paragraphs, shown)
     while count(text) > budget_tokens:
         if accepted:
             section, entry = accepted.pop()
@@ -125,7 +114,7 @@ def _fit(store: MemoryStore, priority: list[tuple[str, Entry]], budget_tokens: i
                 paragraphs.pop()
         else:
             return ""
-        text = _render(paragraphs, shown, with_ids, order)
+        text = _render(paragraphs, shown)
     return text
 
 
@@ -136,30 +125,20 @@ def writer_view(
     budget_tokens: int = 1024,
     newest: int = 5,
     relevant: int = 5,
-    order: WriterViewOrder = "id",
 ) -> str:
     """The memory shown to the writer with an incoming chunk.
 
     Paragraphs, then for each list its `newest` latest entries and the `relevant` entries most related
-    to `chunk_text` (via `search`; without it only the newest), each with its id (when the schema
-    addresses entries by id) so the writer can update or delete it. Newest and relevant entries
-    alternate in priority, ranks alternate across lists; the lowest-priority ones are dropped to stay
-    within `budget_tokens`. `order` lists the shown entries of a list by id (`id`) or the most related
-    to the chunk first (`relevance`, then the newest by id): the same entries either way.
+    to `chunk_text` (via `search`; without it only the newest), each with its id so the writer can
+    update or delete it. Newest and relevant entries alternate in priority, ranks alternate across
+    lists; the lowest-priority ones are dropped to stay within `budget_tokens`.
     """
     per_section = []
-    rank: dict[str, int] = {}
     for spec in store.schema.list_sections:
         searched = _searched(store, search, spec.name, chunk_text, relevant)
-        rank.update((e.id, i) for i, e in enumerate(searched))
         ranked = _round_robin([store.newest(spec.name, newest), searched], _entry_id)
         per_section.append([(spec.name, e) for e in ranked])
-
-    def by_relevance(entry: Entry) -> tuple[int, int]:
-        return rank.get(entry.id, len(rank)), _id_number(entry)
-
-    return _fit(store, _round_robin(per_section, _item_id), budget_tokens,
-                by_relevance if order == "relevance" else _id_number)
+    return _fit(store, _round_robin(per_section, _item_id), budget_tokens)
 
 
 def reader_view(
@@ -186,17 +165,13 @@ def whole_view(store: MemoryStore, budget_tokens: int) -> str | None:
     """Every paragraph and entry of the memory, or None when that does not fit in `budget_tokens`."""
     paragraphs = [(spec.name, _flat(store.paragraph(spec.name))) for spec in store.schema.paragraph_sections]
     shown = {spec.name: store.entries(spec.name) for spec in store.schema.list_sections}
-    text = _render(paragraphs, shown, _shows_ids(store))
+    text = _render(paragraphs, shown)
     return text if store.count_tokens(text) <= budget_tokens else None
 
 
 _VIEW_ID = re.compile(r"^- (?P<id>[a-z0-9_]+-\d+): ", re.M)
 
 
-def view_ids(view: str, store: MemoryStore) -> set[str]:
-    """Ids of the entries of `store` that a view of it shows: read from lines `- sem-3: content`, or
-    found by their content where the view shows entries without ids."""
-    if _shows_ids(store):
-        return {m.group("id") for m in _VIEW_ID.finditer(view)}
-    lines = set(view.splitlines())
-    return {entry.id for _, entry in store.all_entries() if _entry_line(entry, False) in lines}
+def view_ids(view: str) -> set[str]:
+    """Ids of the entries a view shows, read from its lines `- sem-3: content`."""
+    return {m.group("id") for m in _VIEW_ID.finditer(view)}

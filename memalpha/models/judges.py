@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from memalpha.config import ModelConfig
+from memalpha.env.prompts import judge_messages, render_chat
 from memalpha.models.openai_client import OpenAIChatClient
-from memalpha.prompts import judge_messages, render_chat
 
 _WORD = re.compile(r"[A-Za-z]+")
 

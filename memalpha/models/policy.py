@@ -16,10 +16,15 @@ from typing import Iterator
 import torch
 
 from memalpha.config import ModelConfig
-from memalpha.errors import UserError
-from memalpha.generation import generate, left_pad
-from memalpha.models.loading import TINY_POLICY, build_tiny, choose_device, choose_dtype, load_pretrained
+from memalpha.models.loading import (
+    TINY_POLICY,
+    build_tiny,
+    choose_device,
+    choose_dtype,
+    load_pretrained,
+)
 from memalpha.tokens import TokenCounter, tokenizer_counter
+from memalpha.training.generation import generate, left_pad
 
 log = logging.getLogger(__name__)
 
@@ -31,19 +36,15 @@ class AdapterError(ValueError):
     """An adapter folder is missing, incomplete or does not fit the policy's LoRA layout."""
 
 
-def lora_config(model_cfg: ModelConfig, num_layers: int):
-    """The peft LoraConfig described by the model config, for a base model of `num_layers` decoder layers."""
+def lora_config(model_cfg: ModelConfig):
+    """The peft LoraConfig described by the model config."""
     from peft import LoraConfig
 
-    if model_cfg.lora_first_layer >= num_layers:
-        raise UserError(f"model.lora_first_layer={model_cfg.lora_first_layer}, but the policy has {num_layers} layers")
-    layers = list(range(model_cfg.lora_first_layer, num_layers)) if model_cfg.lora_first_layer else None
     return LoraConfig(
         r=model_cfg.lora_r,
         lora_alpha=model_cfg.lora_alpha,
         lora_dropout=model_cfg.lora_dropout,
         target_modules=list(model_cfg.lora_target_modules),
-        layers_to_transform=layers,
         bias="none",
         task_type="CAUSAL_LM",
     )
@@ -73,43 +74,6 @@ def check_adapter_dir(path: str | Path) -> Path:
         if not (path / name).is_file():
             raise AdapterError(f"adapter folder {path} has no {name}")
     return path
-
-
-def average_adapters(adapter_dirs: list[str | Path], out_dir: str | Path) -> Path:
-    """The exact average of LoRA adapters of one layout, a uniform model soup (Wortsman et al. 2022): their
-    A matrices stacked and their B matrices side by side, divided by their number, so that the new B @ A is
-    the mean of theirs; rank and alpha grow by that factor, the scale alpha / r stays. Returns `out_dir`."""
-    from safetensors.torch import load_file, save_file
-
-    dirs = [check_adapter_dir(d) for d in adapter_dirs]
-    if not dirs:
-        raise AdapterError("no adapter to average")
-    configs = [json.loads((d / ADAPTER_CONFIG).read_text()) for d in dirs]
-    for d, c in zip(dirs[1:], configs[1:]):
-        ours, first = (*_saved_layout(c), c.get("lora_alpha")), (*_saved_layout(configs[0]), configs[0].get("lora_alpha"))
-        if ours != first:
-            raise AdapterError(f"adapter {d} has another layout (r, target_modules, layers_to_transform, lora_alpha) "
-                               f"than {dirs[0]}: {ours} against {first}")
-    weights = [load_file(str(d / ADAPTER_WEIGHTS)) for d in dirs]
-    for d, w in zip(dirs[1:], weights[1:]):
-        if set(w) != set(weights[0]):
-            raise AdapterError(f"adapter {d} has other weights than {dirs[0]}")
-    soup: dict[str, torch.Tensor] = {}
-    for key in weights[0]:
-        if "lora_A" in key:
-            soup[key] = torch.cat([w[key] for w in weights], dim=0).contiguous()
-        elif "lora_B" in key:
-            soup[key] = (torch.cat([w[key] for w in weights], dim=1) / len(weights)).contiguous()
-        else:
-            raise AdapterError(f"adapter {dirs[0]} has a weight that is not a LoRA matrix: {key}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(soup, str(out / ADAPTER_WEIGHTS))
-    n = len(weights)
-    config = {**configs[0], "r": n * configs[0]["r"], "lora_alpha": n * configs[0]["lora_alpha"]}
-    (out / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
-    log.info("averaged %d adapters (%s) into %s", n, ", ".join(map(str, dirs)), out)
-    return out
 
 
 @dataclass
@@ -151,18 +115,6 @@ class Policy:
                     yield weight, weight.data + sum(layer.get_delta_weight(a) for a in adapters).to(weight.dtype)
 
         with self._swapped_in_eval(merged_weights()), self.adapters_disabled():
-            yield
-
-    def adapter_weights(self) -> dict[str, torch.Tensor]:
-        """A copy of the trainable LoRA weights by parameter name: a frozen snapshot of this policy."""
-        return {name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad}
-
-    @contextmanager
-    def using_adapter_weights(self, weights: dict[str, torch.Tensor]) -> Iterator[None]:
-        """Run the policy a snapshot (`adapter_weights`) describes, in eval mode and without gradients; the
-        current weights come back on exit, bit for bit, before anything can backpropagate through them."""
-        params = dict(self.model.named_parameters())
-        with self._swapped_in_eval((params[name], weight) for name, weight in weights.items()), torch.no_grad():
             yield
 
     @contextmanager
@@ -276,7 +228,7 @@ def load_policy(
         adapter_dir = check_adapter_dir(adapter)
         model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=trainable)
     else:
-        model = get_peft_model(base, lora_config(model_cfg, base.config.num_hidden_layers))
+        model = get_peft_model(base, lora_config(model_cfg))
         if not trainable:
             for param in model.parameters():
                 param.requires_grad_(False)

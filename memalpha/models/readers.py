@@ -15,10 +15,10 @@ from typing import Callable, Protocol
 
 from memalpha.config import ModelConfig
 from memalpha.data.schema import Question
-from memalpha.metrics import normalize_answer
+from memalpha.env.prompts import reader_messages, render_reader_prompt
 from memalpha.models.openai_client import OpenAIChatClient
-from memalpha.prompts import reader_messages, render_reader_prompt
-from memalpha.question_types import QUESTION_TYPES
+from memalpha.rewards.qa import normalize_answer
+from memalpha.rewards.question_types import QUESTION_TYPES
 
 NO_ANSWER = ""
 """What the evidence reader says when the memory does not support an answer (scores 0 under every metric)."""
@@ -55,7 +55,7 @@ def is_boxed(question: Question) -> bool:
 
 
 def _contains(haystack: str, needle: str) -> bool:
-    # normalised text, word boundaries (the same convention as memalpha.metrics)
+    # normalised text, word boundaries (the same convention as memalpha.rewards.qa)
     return bool(needle) and f" {needle} " in f" {haystack} "
 
 

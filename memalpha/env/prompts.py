@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 
+from memalpha.env.parsing import NOTHING_TO_STORE
+from memalpha.env.tools import call_line
 from memalpha.memory.schema import MemorySchema, SectionSpec
-from memalpha.parsing import NOTHING_TO_STORE
-from memalpha.tools import ADDRESS_ARGUMENT, call_line, text_argument, updates_by_subject
 
 _PARENTHESES = re.compile(r"\s*\([^)]*\)")
 
@@ -26,25 +26,18 @@ def writer_system_prompt(schema: MemorySchema) -> str:
     """Instructions for the writer: sections, the JSON-lines tool-call format, nothing-to-store."""
     sections = "\n".join(f"- {s.name} ({s.kind}): {_short(s)}" for s in schema.sections)
     list_name = schema.list_sections[0].name if schema.list_sections else "<section>"
-    address = ADDRESS_ARGUMENT[schema.entry_address]
-    target = {address: "<id>" if schema.entry_address == "id" else "<words of the entry>"}
-    update_target = {} if updates_by_subject(schema) else target
-    update_text = text_argument("memory_update", schema)
     examples = "\n".join([
-        call_line(schema, "memory_insert", {"memory_type": list_name, "content": "<fact>"}),
-        call_line(schema, "memory_update", {"memory_type": list_name, **update_target, update_text: "<new fact>"}),
-        call_line(schema, "memory_delete", {"memory_type": list_name, **target}),
+        call_line("memory_insert", {"memory_type": list_name, "content": "<fact>"}),
+        call_line("memory_update", {"memory_type": list_name, "memory_id": "<id>", "new_content": "<new fact>"}),
+        call_line("memory_delete", {"memory_type": list_name, "memory_id": "<id>"}),
     ])
-    how = {"id": "", "text": ", named by words only it contains",
-           "subject": ": the new fact replaces the entry about the same person and subject"}[schema.entry_address]
-    core_note = "" if updates_by_subject(schema) else f" (no {address})"
     return (
         "You maintain a memory of a conversation. For each new chunk, record the new facts and events "
         "that could be asked about later.\n"
         f"Memory sections:\n{sections}\n"
         "Reply with tool calls only, one JSON object per line:\n"
         f"{examples}\n"
-        f"When a stored fact changes, update its entry{how}. Rewrite core with memory_update{core_note}.\n"
+        "When a stored fact changes, update its entry. Rewrite core with memory_update (no memory_id).\n"
         f"If the chunk has nothing worth storing, reply with the single line {NOTHING_TO_STORE}"
     )
 
@@ -68,7 +61,7 @@ def render_chat(tokenizer, messages: list[dict[str, str]]) -> str:
 
 
 def render_writer_prompt(tokenizer, schema: MemorySchema, memory_view: str, chunk_text: str) -> str:
-    """The exact prompt text of one writer step (memalpha.episode renders every writer prompt with it)."""
+    """The exact prompt text of one writer step (memalpha.env.episode renders every writer prompt with it)."""
     return render_chat(tokenizer, writer_messages(schema, memory_view, chunk_text))
 
 

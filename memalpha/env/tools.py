@@ -1,27 +1,22 @@
 """The writer's three memory tools: definitions (OpenAI tool format), calls, results and execution.
 
 Only `memory_insert`, `memory_update` and `memory_delete` are ever executed. An update or delete names its
-list entry by `memory_id` or by `old_content`, as the memory schema's `entry_address` says; under `subject`
-an update names none and replaces the entry its new content is about (`MemoryStore.find_by_subject`). An
-update that finds no single entry by words or subject adds its new content instead (Mem0's ADD). Arguments are checked
-strictly against the definitions (no aliases): a missing, unexpected or mistyped argument is a failed
-call (BAD_ARGUMENTS) whose message names the argument. Every failure leaves the memory unchanged.
-An update's new text is `new_content`, or `content` (as an insert's) when the schema's `call_order` is
-`statement_first`; `call_line` spells a call in that order.
+list entry by `memory_id` (the paper's tools). Arguments are checked strictly against the definitions (no
+aliases): a missing, unexpected or mistyped argument is a failed call (BAD_ARGUMENTS) whose message names
+the argument. Every failure leaves the memory unchanged.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
+from memalpha.env.parsing import ParseResult, ToolCall, parse_tool_calls
 from memalpha.memory.schema import MEMALPHA_SCHEMA, MemorySchema
 from memalpha.memory.store import FailureReason, MemoryStore, OpResult
-from memalpha.parsing import ParseResult, ToolCall, parse_tool_calls
 
 __all__ = [
-    "ADDRESS_ARGUMENT",
     "TOOL_NAMES",
     "TOOL_SCHEMAS",
     "FailureReason",
@@ -33,43 +28,26 @@ __all__ = [
     "execute_text",
     "text_argument",
     "tool_schemas",
-    "updates_by_subject",
 ]
 
 TOOL_NAMES = ("memory_insert", "memory_update", "memory_delete")
 
-ADDRESS_ARGUMENT = {"id": "memory_id", "text": "old_content", "subject": "old_content"}
-"""The argument naming the list entry to delete, and to update unless `MemorySchema.entry_address` is `subject`."""
+def text_argument(name: str) -> str:
+    """The argument holding the text that call `name` writes."""
+    return "new_content" if name == "memory_update" else "content"
 
 
-def updates_by_subject(schema: MemorySchema) -> bool:
-    """Updates name no entry: each replaces the one its new content is about."""
-    return schema.entry_address == "subject"
+def call_line(name: str, arguments: dict[str, Any]) -> str:
+    """One call as a JSON line, in the writer prompt's format."""
+    return json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
 
 
-def text_argument(name: str, schema: MemorySchema) -> str:
-    """The argument holding the text that call `name` writes under `schema`."""
-    return "new_content" if name == "memory_update" and schema.call_order == "name_first" else "content"
-
-
-def call_line(schema: MemorySchema, name: str, arguments: dict[str, Any]) -> str:
-    """One call as a JSON line, spelt in the schema's `call_order` (the writer prompt's format)."""
-    call = {"name": name, "arguments": arguments} if schema.call_order == "name_first" else {"arguments": arguments, "name": name}
-    return json.dumps(call, ensure_ascii=False)
-
-
-def _arguments(name: str, schema: MemorySchema) -> tuple[frozenset[str], tuple[str, ...]] | None:
-    """(allowed arguments, arguments that must be present and non-null) of a tool, or None if unknown."""
-    address = ADDRESS_ARGUMENT[schema.entry_address]
-    if name == "memory_insert":
-        return frozenset({"memory_type", "content"}), ("memory_type", "content")
-    if name == "memory_update":
-        text = text_argument(name, schema)
-        allowed = {"memory_type", text} if updates_by_subject(schema) else {"memory_type", address, text}
-        return frozenset(allowed), ("memory_type", text)
-    if name == "memory_delete":
-        return frozenset({"memory_type", address}), ("memory_type", address)
-    return None
+_ARGUMENTS = {
+    "memory_insert": (frozenset({"memory_type", "content"}), ("memory_type", "content")),
+    "memory_update": (frozenset({"memory_type", "memory_id", "new_content"}), ("memory_type", "new_content")),
+    "memory_delete": (frozenset({"memory_type", "memory_id"}), ("memory_type", "memory_id")),
+}
+"""(allowed arguments, arguments that must be present and non-null) of each tool."""
 
 
 @dataclass
@@ -140,8 +118,7 @@ def tool_schemas(schema: MemorySchema = MEMALPHA_SCHEMA) -> list[dict[str, Any]]
     list_names = [s.name for s in schema.list_sections]
     paragraph_names = [s.name for s in schema.paragraph_sections]
     example_id = f"{schema.list_sections[0].prefix}-3" if schema.list_sections else "id-3"
-    no_address = "" if updates_by_subject(schema) else f"; no {ADDRESS_ARGUMENT[schema.entry_address]}"
-    rewrite_note = f" ({', '.join(paragraph_names)} is rewritten as a whole{no_address})" if paragraph_names else ""
+    rewrite_note = f" ({', '.join(paragraph_names)} is rewritten as a whole; no memory_id)" if paragraph_names else ""
 
     def function(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
         return {
@@ -155,20 +132,10 @@ def tool_schemas(schema: MemorySchema = MEMALPHA_SCHEMA) -> list[dict[str, Any]]
 
     list_type = {"type": "string", "enum": list_names, "description": _describe_sections(schema, lists_only=True)}
     any_type = {"type": "string", "enum": list(schema.names), "description": _describe_sections(schema, lists_only=False)}
-    address = ADDRESS_ARGUMENT[schema.entry_address]
-    if schema.entry_address == "id":
-        target = {"type": "string", "description": f"Id of an existing entry, as shown in the memory (e.g. '{example_id}')."}
-    else:
-        target = {"type": "string", "description": "Words of an existing entry that no other entry of the list contains (or its whole text)."}
-    update_text = text_argument("memory_update", schema)
+    target = {"type": "string", "description": f"Id of an existing entry, as shown in the memory (e.g. '{example_id}')."}
     new_content = {"type": "string", "description": "The complete new text."}
-    if updates_by_subject(schema):
-        update_description = ("Replace the list entry about the same person and subject as the new content (none: it is "
-                              "added), or rewrite a paragraph memory" + rewrite_note + ".")
-        update_properties = {"memory_type": any_type, update_text: new_content}
-    else:
-        update_description = f"Replace the content of an existing list entry, given its {address}, or rewrite a paragraph memory" + rewrite_note + "."
-        update_properties = {"memory_type": any_type, address: target, update_text: new_content}
+    update_description = "Replace the content of an existing list entry, given its memory_id, or rewrite a paragraph memory" + rewrite_note + "."
+    update_properties = {"memory_type": any_type, "memory_id": target, "new_content": new_content}
     return [
         function(
             "memory_insert",
@@ -176,12 +143,12 @@ def tool_schemas(schema: MemorySchema = MEMALPHA_SCHEMA) -> list[dict[str, Any]]
             {"memory_type": list_type, "content": {"type": "string", "description": "The text of the new entry."}},
             ["memory_type", "content"],
         ),
-        function("memory_update", update_description, update_properties, ["memory_type", update_text]),
+        function("memory_update", update_description, update_properties, ["memory_type", "new_content"]),
         function(
             "memory_delete",
-            f"Delete an outdated or wrong entry from a list memory, given its {address}.",
-            {"memory_type": list_type, address: target},
-            ["memory_type", address],
+            "Delete an outdated or wrong entry from a list memory, given its memory_id.",
+            {"memory_type": list_type, "memory_id": target},
+            ["memory_type", "memory_id"],
         ),
     ]
 
@@ -194,22 +161,9 @@ def _failure(call: ToolCall | None, reason: FailureReason, message: str, memory_
     return ToolResult(call, OpResult(False, reason, message), memory_type)
 
 
-_MISSED_UPDATE_REASONS = (FailureReason.UNKNOWN_ID, FailureReason.AMBIGUOUS)
-"""Why a text-addressed update finds no single entry; its new content is then inserted."""
-
-
-def _insert_missed_update(store: MemoryStore, memory_type: str, content: str, chunk: int, miss: OpResult) -> OpResult:
-    """Mem0's ADD for an update whose words name no single entry: the writer meant to store the new
-    value, so it is kept as a new entry (the result has no `previous_content`, as an insert)."""
-    op = store.insert(memory_type, content, chunk)
-    return replace(op, message=f"{miss.message}; {op.message}") if op.ok else op
-
-
 def execute_call(store: MemoryStore, call: ToolCall, chunk: int) -> ToolResult:
     """Validate one call against the tool definitions and apply it to `store`."""
-    address = ADDRESS_ARGUMENT[store.schema.entry_address]
-    by_subject = updates_by_subject(store.schema)
-    spec = _arguments(call.name, store.schema)
+    spec = _ARGUMENTS.get(call.name)
     if spec is None:
         return _failure(call, FailureReason.UNKNOWN_TOOL, f"unknown tool {call.name!r} (tools: {', '.join(TOOL_NAMES)})")
     args = call.arguments
@@ -227,30 +181,18 @@ def execute_call(store: MemoryStore, call: ToolCall, chunk: int) -> ToolResult:
     if not isinstance(memory_type, str):
         return _failure(call, FailureReason.BAD_ARGUMENTS, f"argument 'memory_type' must be a string, not {type(memory_type).__name__}")
     memory_type = memory_type.strip()
-    content_arg = text_argument(call.name, store.schema)
+    content_arg = text_argument(call.name)
     if content_arg in args and not isinstance(args[content_arg], str):
         return _failure(call, FailureReason.BAD_ARGUMENTS, f"argument {content_arg!r} must be a string", memory_type)
 
     section = store.spec(memory_type)
     is_list = section is not None and section.is_list
-    memory_id = args.get(address)
-    if call.name == "memory_update" and is_list and by_subject:
-        entry, error = store.find_by_subject(memory_type, args[content_arg])
-        if error:
-            return ToolResult(call, _insert_missed_update(store, memory_type, args[content_arg], chunk, error), memory_type)
-        memory_id = entry.id
-    elif call.name != "memory_insert" and is_list:
+    memory_id = args.get("memory_id")
+    if call.name != "memory_insert" and is_list:
         if memory_id is None:
-            return _failure(call, FailureReason.BAD_ARGUMENTS, f"missing argument {address!r} for {call.name} on {memory_type}", memory_type)
+            return _failure(call, FailureReason.BAD_ARGUMENTS, f"missing argument 'memory_id' for {call.name} on {memory_type}", memory_type)
         if not isinstance(memory_id, str):
-            return _failure(call, FailureReason.BAD_ARGUMENTS, f"argument {address!r} must be a string, not {memory_id!r}", memory_type)
-        if address == "old_content":  # the store edits by id; the words only find the entry
-            entry, error = store.find_by_text(memory_type, memory_id)
-            if error and call.name == "memory_update" and error.reason in _MISSED_UPDATE_REASONS:
-                return ToolResult(call, _insert_missed_update(store, memory_type, args[content_arg], chunk, error), memory_type)
-            if error:
-                return ToolResult(call, error, memory_type)
-            memory_id = entry.id
+            return _failure(call, FailureReason.BAD_ARGUMENTS, f"argument 'memory_id' must be a string, not {memory_id!r}", memory_type)
 
     if call.name == "memory_insert":
         op = store.insert(memory_type, args["content"], chunk)

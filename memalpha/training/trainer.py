@@ -1,8 +1,8 @@
 """The GRPO training loop: data order, rollouts, the update, metrics, checkpoints and exact resume.
 
 One step: take the next B training instances (seeded shuffle per epoch), run G rollouts of each
-(memalpha.rollout), normalise rewards into advantages within groups, and update the LoRA adapter with
-the clipped surrogate (memalpha.grpo) over micro-batches with gradient accumulation.
+(memalpha.training.rollout), normalise rewards into advantages within groups, and update the LoRA adapter with
+the clipped surrogate (memalpha.training.grpo) over micro-batches with gradient accumulation.
 
 Importance-ratio denominator: the first inner epoch's forward pass of each micro-batch, detached. The
 policy has not changed yet at that point (gradients accumulate, the optimizer steps after the last
@@ -16,39 +16,59 @@ from __future__ import annotations
 import json
 import logging
 import random
-import shutil
 import time
 import warnings
 from collections import Counter
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import polars as pl
 import torch
-from torch.optim.swa_utils import get_swa_multi_avg_fn
 
-from memalpha.checkpoint import (ADAPTER, BEST, CheckpointState, latest_checkpoint, load_checkpoint,
-                                 read_best, read_state, save_best, save_checkpoint)
-from memalpha.config import WARM_START_BUDGET_SHARE, RunConfig, step_would_overrun, training_fields
+from memalpha.config import RunConfig, step_would_overrun, training_fields
 from memalpha.data.schema import Instance
-from memalpha.episode import thin_distractors, truncate_for_training
+from memalpha.env.tools import TOOL_NAMES
 from memalpha.errors import UserError
-from memalpha.generation import left_pad, right_pad, shareable_prefix_length
-from memalpha.grpo import (
-    SharedPrefix, completion_logps, compute_advantages, group_ids, group_std, grpo_loss, shared_prompt_logps,
+from memalpha.rewards.rubric import REWARD_COMPONENTS
+from memalpha.training.checkpoint import (
+    ADAPTER,
+    BEST,
+    SFT_DIR,
+    CheckpointState,
+    latest_checkpoint,
+    load_checkpoint,
+    read_best,
+    read_state,
+    save_best,
+    save_checkpoint,
 )
-from memalpha.progress import SFTProgress
-from memalpha.rewards import REWARD_COMPONENTS
-from memalpha.rollout import RolloutBatch, Sample, collect_rollouts, collect_step_rollouts
-from memalpha.tools import TOOL_NAMES
+from memalpha.training.data import (
+    load_training_data,
+    thin_distractors,
+    truncate_for_training,
+)
+from memalpha.training.generation import left_pad, right_pad, shareable_prefix_length
+from memalpha.training.grpo import (
+    SharedPrefix,
+    completion_logps,
+    compute_advantages,
+    group_ids,
+    group_std,
+    grpo_loss,
+    shared_prompt_logps,
+)
+from memalpha.training.rollout import (
+    RolloutBatch,
+    Sample,
+    collect_rollouts,
+    collect_step_rollouts,
+)
 
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
-SFT_DIR = "sft"
 
 
 @dataclass
@@ -62,7 +82,7 @@ class StepResult:
     memories: list[dict] = field(default_factory=list)
     """Final memory (and the reader's answers) of every rollout."""
     trace: dict = field(default_factory=dict)
-    """Span tree of one rollout (see memalpha.rollout.rollout_trace)."""
+    """Span tree of one rollout (see memalpha.training.rollout.rollout_trace)."""
 
 
 def seed_everything(seed: int) -> None:
@@ -71,123 +91,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-@dataclass
-class TrainingData:
-    """Instances by split, truncated for training, and how many each split lost to truncation."""
-
-    splits: dict[str, list[Instance]]
-    dropped: dict[str, int]
-    """Per split: instances dropped because no question stayed answerable from the kept chunks."""
-
-
-def load_training_data(config: RunConfig, tokenizer=None) -> TrainingData:
-    """Instances of config.data.train_path by split, restricted to config.data.competencies and truncated
-    to data.max_chunks_per_instance (questions whose evidence does not all survive are dropped, then
-    instances without a question; memalpha.episode.truncate_for_training).
-
-    A missing dataset folder is generated first with the seeded synthetic `train` preset (so training
-    works on a fresh machine).
-    """
-    from memalpha.data.io import read_dataset
-
-    path = Path(config.data.train_path)
-    if not path.exists():
-        from memalpha.data.prep import synthesize
-        from memalpha.data.synth import PRESETS
-
-        log.info("dataset %s not found: generating the synthetic training set", path)
-        synth = replace(PRESETS["train"], competencies=tuple(config.data.competencies), seed=config.data.split_seed)
-        synthesize(path, synth, tokenizer=tokenizer or _regex_tokenizer(), data_cfg=config.data,
-                   tokenizer_name=getattr(tokenizer, "name_or_path", "regex"))
-    wanted = set(config.data.competencies)
-    splits: dict[str, list[Instance]] = {"train": [], "validation": [], "test": []}
-    for instance in read_dataset(path):
-        if instance.competency in wanted:
-            splits.setdefault(instance.split, []).append(instance)
-    dropped = {}
-    for split, instances in splits.items():
-        splits[split], dropped[split] = truncate_for_training(instances, config.data.max_chunks_per_instance)
-        if dropped[split]:
-            log.info("%s: %d %s instances dropped: no question answerable from their first %d chunks",
-                     path, dropped[split], split, config.data.max_chunks_per_instance)
-    if not splits["train"]:
-        raise UserError(f"{path}: no training instances with competency in {sorted(wanted)}"
-                        + (f" and a question answerable from the first {config.data.max_chunks_per_instance} chunks"
-                           if dropped["train"] else ""))
-    return TrainingData(splits, dropped)
-
-
-def _regex_tokenizer():
-    from memalpha.tokens import regex_token_count
-
-    return regex_token_count
-
-
-def warm_start(config: RunConfig, run_dir: Path, policy, instances: list[Instance],
-               held_out: list[Instance] = (), on_log: Callable[[dict], None] | None = None,
-               started: float | None = None) -> Path:
-    """SFT warm start into run_dir/sft (rule-writer demonstrations + TRL SFTTrainer), measuring extraction
-    on `sft.eval_chunks` chunks of the `held_out` instances after every epoch; the policy ends with the
-    warm-start adapter. An existing adapter there is loaded instead of retraining. Under a time budget
-    the run began at `started` (a `time.time()`, default now) and SFT gets `WARM_START_BUDGET_SHARE` of it."""
-    from memalpha.sft import DemoStats, demonstration_max_length, extraction_probes, train_warm_start
-
-    out = Path(run_dir) / SFT_DIR
-    if (out / "adapter_model.safetensors").is_file():
-        policy.load_adapter(out)
-        return out
-    tmp = out.with_name(f".{SFT_DIR}-tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    probes = extraction_probes(list(held_out), config, policy.tokenizer, config.sft.eval_chunks)
-    deadline = config.deadline(time.time() if started is None else started, WARM_START_BUDGET_SHARE)
-    stats = DemoStats()
-    result = train_warm_start(policy, instances, config, tmp, probes=probes, on_log=on_log or SFTProgress(log.info),
-                              deadline=deadline, stats=stats)
-    log.info("warm start: %d demonstrations from %d chunks (%d nothing-to-store, %d updating an entry, %d dropped "
-             "as longer than %d tokens)", stats.kept, stats.chunks, stats.nothing_to_store, stats.updates,
-             stats.too_long, demonstration_max_length(config))
-    for member in result.members:
-        recall = max((e["evidence_recall"] for e in member["epochs"]), default=None)
-        log.info("warm start: seed %d of the average, %d SFT steps in %.0f s, held-out evidence recall %s",
-                 member["seed"], member["steps"], member["seconds"], "not measured" if recall is None else f"{recall:.3f}")
-    if config.sft.dagger_rounds:
-        for info in result.rounds:
-            log.info("warm start: DAgger round %d, %d demonstrations, %d of them on the policy's own memories "
-                     "(labelled in %.0f s), %d nothing-to-store, %d updating an entry; %d SFT steps in %.0f s",
-                     info["round"], info["demonstrations"], info["policy_states"], info["label_seconds"],
-                     info["nothing_to_store"], info["updates"], info["steps"], info["seconds"])
-    tmp.rename(out)
-    log.info("warm start: %d SFT steps in %.0f s (best epoch %d of %d)", result.steps, result.seconds,
-             result.best_epoch, len(result.epochs))
-    return out
-
-
-def prepare_warm_start(config: RunConfig, run_dir: str | Path, on_log: Callable[[dict], None] | None = None,
-                       started: float | None = None) -> Path | None:
-    """The warm-start adapter of a run folder, trained now if missing (None when sft.enabled is false).
-    For pipelines that run the warm start as its own step; Trainer does the same on construction."""
-    from memalpha.models.policy import load_policy
-
-    if not config.sft.enabled or not _needs_warm_start(Path(run_dir)):
-        return None
-    policy = load_policy(config.trained_model(), seed=config.grpo.seed)
-    data = load_training_data(config, policy.tokenizer)
-    return warm_start(config, Path(run_dir), policy, data.splits["train"], data.splits["validation"], on_log, started)
-
-
-def _needs_warm_start(run_dir: Path) -> bool:
-    """An existing adapter is reused; past the first checkpoint the checkpoint holds the newer adapter."""
-    return (run_dir / SFT_DIR / "adapter_model.safetensors").is_file() or latest_checkpoint(run_dir) is None
-
-
 class Trainer:
     """GRPO over LoRA adapters with checkpoints and exact resume (see the module docstring)."""
 
-    def __init__(self, config: RunConfig, run_dir: str | Path, force: bool = False,
-                 on_warm_start_log: Callable[[dict], None] | None = None, started: float | None = None):
-        """`on_warm_start_log` receives the warm start's records (default: progress lines to the log);
-        `started` (a `time.time()`, default now) is when the run began, for `time_budget_minutes`."""
+    def __init__(self, config: RunConfig, run_dir: str | Path, force: bool = False, started: float | None = None):
+        """GRPO from the warm-start adapter in run_dir/sft when `sft.enabled` (the warm start is its own stage:
+        `memalpha.teacher.warm_start.prepare_warm_start`); `started` (a `time.time()`, default now) is when
+        the run began, for `time_budget_minutes`."""
         from memalpha.models.judges import make_judge
         from memalpha.models.policy import load_policy
         from memalpha.models.readers import make_reader
@@ -202,29 +112,20 @@ class Trainer:
         self.stopped_early = False
         """Whether `train` stopped before `grpo.steps` because of the time budget."""
         cfg = config.grpo
-        self.policy = load_policy(config.trained_model(), seed=cfg.seed)
+        self.policy = load_policy(config.model, seed=cfg.seed)
         loaded = load_training_data(config, self.policy.tokenizer)
         self.data = loaded.splits
         self.dropped_instances = loaded.dropped
-        self.warm_start_dir: Path | None = None
-        if config.sft.enabled and _needs_warm_start(self.run_dir):
-            self.warm_start_dir = warm_start(config, self.run_dir, self.policy, self.data["train"], self.data["validation"],
-                                             on_warm_start_log, self.started)
+        warm = self.run_dir / SFT_DIR
+        if config.sft.enabled and latest_checkpoint(self.run_dir) is None:
+            if not (warm / "adapter_model.safetensors").is_file():
+                raise UserError(f"{warm} holds no warm-start adapter; run the warm start first (`memalpha sft`, "
+                                "or `memalpha train`, which runs it), or set sft.enabled=false")
+            self.policy.load_adapter(warm)
         self.reader = make_reader(config.model, self.policy)
         self.judge = make_judge(config.model, self.policy) if config.reward.judge == "llm" else None
         seed_everything(cfg.seed)  # identical state whether the warm start ran now or was loaded
         self.generator = torch.Generator(device=self.policy.device).manual_seed(cfg.seed)
-        self.reference = None
-        if cfg.kl_beta and cfg.kl_reference == "warm_start":
-            if config.sft.enabled and self.warm_start_dir is None:  # resumed, and run_dir/sft is gone
-                raise UserError(f"{self.run_dir / SFT_DIR} holds no warm-start adapter, and the KL term's reference "
-                                "(grpo.kl_reference=warm_start) is that adapter; restore it, or resume with "
-                                "grpo.kl_reference=base")
-            self.reference = self.policy.adapter_weights()
-        """The KL term's reference weights (before any GRPO update; a resumed run loads the warm start first);
-        None: the base model, when there is a KL term."""
-        self.average: dict[str, torch.Tensor] | None = None
-        """The mean of the adapter weights after steps grpo.average_from..step; None before, or when off."""
         self.params = self.policy.trainable_parameters()
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         warmup = cfg.warmup_steps
@@ -310,8 +211,6 @@ class Trainer:
             self.scheduler.step()
         update_s = time.perf_counter() - update_start
         self.step += 1
-        if cfg.average_from and self.step >= cfg.average_from:
-            self._add_to_average()
         metrics = self._metrics(batch, rewards, groups, zero_std, update)
         metrics.update(before)
         metrics.update({
@@ -333,20 +232,6 @@ class Trainer:
             fh.write(json.dumps({"step": self.step, **metrics}) + "\n")
         return StepResult(self.step, metrics, samples_frame(samples), rollout_memories(batch), batch.trace)
 
-    def _add_to_average(self) -> None:
-        """Fold the weights after this step into `average`, the uniform mean since grpo.average_from."""
-        if self.average is None:
-            self.average = self.policy.adapter_weights()
-            return
-        live = dict(self.policy.model.named_parameters())
-        names = list(self.average)
-        averaged_before = self.step - self.config.grpo.average_from
-        get_swa_multi_avg_fn()([self.average[n] for n in names], [live[n].detach() for n in names], averaged_before)
-
-    def _evaluated_weights(self) -> AbstractContextManager:
-        """The weights the run stands for, to evaluate and keep as best: the average once there is one."""
-        return nullcontext() if self.average is None else self.policy.using_adapter_weights(self.average)
-
     def _collate(self, chosen: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """[left-padded prompt | right-padded completion] rows, attention mask, completion mask, width."""
         pad, device = self.policy.tokenizer.pad_token_id, self.policy.device
@@ -361,18 +246,17 @@ class Trainer:
         model = self.policy.model
         n_seq = len(samples)
         n_tok = sum(len(s.completion_ids) for s in samples)
-        # Zero-advantage samples add nothing to these losses or their gradients when there is no KL term
-        # (the normalisers below count them anyway), so their forward/backward passes are skipped.
-        skippable = cfg.kl_beta == 0 and cfg.loss_type in ("grpo", "dr_grpo", "dapo")
+        # Zero-advantage samples add nothing to these losses or their gradients (the normalisers below
+        # count them anyway), so their forward/backward passes are skipped.
+        skippable = cfg.loss_type in ("grpo", "dr_grpo", "dapo")
         keep = [i for i in range(n_seq) if not (skippable and advantages[i] == 0)]
         micro = self._micro_batches(samples, keep)
-        stats = {"loss": 0.0, "tokens": 0.0, "low": 0.0, "high": 0.0, "kl": 0.0, "entropy": 0.0,
+        stats = {"loss": 0.0, "tokens": 0.0, "low": 0.0, "high": 0.0, "entropy": 0.0,
                  "grad_norm": 0.0, "logp_diff": 0.0, "first_tokens": 0.0, "sampled_tokens": 0.0,
                  "shared_prefix_tokens": 0.0}
         if not micro:
             return {**stats, "skipped": float(n_seq - len(keep))}
         old: list[torch.Tensor] = []
-        ref = self._reference_logps(samples, micro) if cfg.kl_beta else [None] * len(micro)
         model.train()
         try:
             for iteration in range(cfg.num_iterations):
@@ -394,14 +278,12 @@ class Trainer:
                         loss_type=cfg.loss_type, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
                         max_completion_length=self.config.rollout.max_completion_length,
                         batch_sequences=n_seq, batch_tokens=n_tok, num_micro_batches=len(micro),
-                        ref_logps=ref[k], kl_beta=cfg.kl_beta,
                     )
                     loss.backward()
                     stats["loss"] += float(loss.detach()) / cfg.num_iterations
                     stats["tokens"] += ls.tokens
                     stats["low"] += ls.low_clipped
                     stats["high"] += ls.high_clipped
-                    stats["kl"] += ls.kl_sum
                 if prefix is not None:
                     prefix.backward()
                     stats["shared_prefix_tokens"] = float(prefix.length)
@@ -451,15 +333,6 @@ class Trainer:
         logps, entropy = completion_logps(self.policy.model, ids, attn, width, temperature, with_entropy=with_entropy)
         return logps, entropy, mask
 
-    @torch.no_grad()
-    def _reference_logps(self, samples: list[Sample], micro: list[tuple[list[int], bool]]) -> list[torch.Tensor]:
-        """Completion log-probs of the KL reference for each micro-batch, with the prefix the groups share run once."""
-        policy = self.policy
-        with policy.adapters_disabled() if self.reference is None else policy.using_adapter_weights(self.reference):
-            prefix = self._shared_prefix(samples, micro)
-            return [self._logps([samples[i] for i in chosen], shared, prefix=prefix if shared else None)[0]
-                    for chosen, shared in micro]
-
     def _metrics(self, batch: RolloutBatch, rewards, groups, zero_std, update: dict[str, float]) -> dict[str, float]:
         samples = batch.samples
         n = max(len(samples), 1)
@@ -472,7 +345,6 @@ class Trainer:
             "reward_std": float(stds.mean()) if len(samples) else 0.0,
             "frac_reward_zero_std": float(zero_std.float().mean()) if len(samples) else 0.0,
             "loss": update["loss"],
-            "kl": update["kl"] / tokens,
             "clip_ratio": (update["low"] + update["high"]) / tokens,
             "clip_ratio/low_mean": update["low"] / tokens,
             "clip_ratio/high_mean": update["high"] / tokens,
@@ -484,7 +356,6 @@ class Trainer:
             "prompts/mean_tokens": sum(len(s.prompt_ids) for s in samples) / n,
             "prompts/truncated_ratio": sum(s.prompt_truncated for s in samples) / n,
             "generate_calls": float(batch.generate_calls),
-            **guidance_metrics(samples),
         }
 
     # ---- evaluation ------------------------------------------------------------------------------
@@ -497,9 +368,8 @@ class Trainer:
         if not instances:
             raise UserError(f"{self.config.data.train_path}: no {split!r} instances to evaluate on")
         started = time.perf_counter()
-        with self._evaluated_weights():
-            batch = collect_rollouts(self.policy, instances, self.config, num_generations=1, generator=None,
-                                     reader=self.reader, judge=self.judge, greedy=True, reader_view_mode="retrieve")
+        batch = collect_rollouts(self.policy, instances, self.config, num_generations=1, generator=None,
+                                 reader=self.reader, judge=self.judge, greedy=True, reader_view_mode="retrieve")
         return evaluation_metrics(batch, time.perf_counter() - started)
 
     def validate(self) -> dict[str, float]:
@@ -508,8 +378,7 @@ class Trainer:
         metrics = self.evaluate("validation")
         best = read_best(self.run_dir)
         if self.step == 0 or best is None or metrics["eval/qa_score"] > best["score"]:
-            with self._evaluated_weights():
-                save_best(self.run_dir, self.policy, self.step, metrics["eval/qa_score"])
+            save_best(self.run_dir, self.policy, self.step, metrics["eval/qa_score"])
             best = {"step": self.step, "score": metrics["eval/qa_score"]}
         return {**metrics, "best/step": float(best["step"]), "best/qa_score": best["score"]}
 
@@ -527,7 +396,7 @@ class Trainer:
             metrics=self.history, config=self.config.model_dump(mode="json"),
         )
         return save_checkpoint(self.run_dir, state, policy=self.policy, optimizer=self.optimizer,
-                               scheduler=self.scheduler, generator=self.generator, average=self.average)
+                               scheduler=self.scheduler, generator=self.generator)
 
     def maybe_resume(self, checkpoint: str | Path | None = None) -> bool:
         """Continue from `checkpoint` (default: the latest in run_dir/checkpoints); False when there is none.
@@ -547,9 +416,8 @@ class Trainer:
                 f"config hashes to {current}" + (f" (changed: {', '.join(changed)})" if changed else "")
                 + "; resume with the original config, use another output folder, or force it (--force)"
             )
-        # a run resumed (forced) with averaging off drops the checkpoint's mean
-        self.average = load_checkpoint(path, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
-                                       generator=self.generator, with_average=bool(self.config.grpo.average_from))
+        load_checkpoint(path, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
+                        generator=self.generator)
         self.step = state.step
         self.epoch, self.position = state.data_position["epoch"], state.data_position["position"]
         self.history = list(state.metrics)
@@ -588,7 +456,7 @@ class Trainer:
 
 def _sampling_gap(rows: list[Sample], logps: torch.Tensor) -> float:
     """Token-summed |sampling log-prob - training log-prob| over sampled completions (a check of the
-    sampler, not used in the loss; guided completions have no sampling log-probs and add nothing)."""
+    sampler, not used in the loss)."""
     total = 0.0
     for i, s in enumerate(rows):
         n = len(s.sampling_logps)
@@ -614,9 +482,9 @@ def samples_frame(samples: list[Sample]) -> pl.DataFrame:
             "parsed_calls": json.dumps([c.to_dict() for c in s.parse.calls]),
             "results": json.dumps([x.to_dict() for x in s.results], default=str),
             "memory": s.memory_json,
-            "r1": r.r1, "r2": r.r2, "r3": r.r3, "r4": r.r4, "coverage": r.coverage, "retention": r.retention, "precision": r.precision,
+            "r1": r.r1, "r2": r.r2, "r3": r.r3, "r4": r.r4, "coverage": r.coverage, "retention": r.retention,
             "holds_evidence": r.holds_evidence,
-            "reward": r.total, "advantage": s.advantage, "guided": s.guided,
+            "reward": r.total, "advantage": s.advantage,
             "calls": r.calls, "executed": r.executed, "valid": r.valid, "nothing_to_store": r.nothing_to_store,
             "prompt_tokens": len(s.prompt_ids), "completion_tokens": len(s.completion_ids), "truncated": s.truncated,
             "memory_tokens": s.memory_tokens, "memory_entries": s.memory_entries,
@@ -634,29 +502,11 @@ def rollout_memories(batch: RolloutBatch) -> list[dict]:
     ]
 
 
-def guidance_metrics(samples: list[Sample]) -> dict[str, float]:
-    """How the rule writer's guided candidates fared in their groups (`grpo.rule_guidance`): their mean
-    reward and advantage, and the share of groups where one beat every sampled candidate."""
-    guided = [s for s in samples if s.guided]
-    if not guided:
-        return {}
-    best_sampled: dict[tuple[int, int], float] = {}
-    for s in samples:
-        if not s.guided:
-            key = (s.instance_index, s.chunk)
-            best_sampled[key] = max(best_sampled.get(key, float("-inf")), s.reward.total)
-    return {
-        "guidance/reward": sum(s.reward.total for s in guided) / len(guided),
-        "guidance/advantage": sum(s.advantage for s in guided) / len(guided),
-        "guidance/beats_sampled": sum(s.reward.total > best_sampled[(s.instance_index, s.chunk)] for s in guided) / len(guided),
-    }
-
-
 def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
     """What a batch of rollouts did, computed the same way for training steps and for held-out
     evaluation (there prefixed `eval/`): reward and its components, QA, completions, tool calls, memory.
-    The policy's own samples only: guided candidates are the rule writer's (`guidance_metrics`)."""
-    samples = [s for s in batch.samples if not s.guided]
+    """
+    samples = batch.samples
     n = max(len(samples), 1)
     calls = sum(s.reward.calls for s in samples)
     tools = Counter(r.name or "unparseable" for s in samples for r in s.results)

@@ -23,7 +23,7 @@ import unicodedata
 from collections import Counter
 from typing import Iterable, Protocol, Sequence, Union
 
-from memalpha.question_types import metric_for_question_type
+from memalpha.rewards.question_types import metric_for_question_type
 
 Answer = Union[str, int, float]
 
@@ -194,7 +194,7 @@ def score_answer(
 ) -> float:
     """Score one prediction in [0, 1].
 
-    `metric="auto"` picks by question type (memalpha.question_types); otherwise one of substring_em,
+    `metric="auto"` picks by question type (memalpha.rewards.question_types); otherwise one of substring_em,
     exact_match, f1, boxed_em, keyword_hit, llm_judge (needs `judge`). When the question's fact was
     superseded, a prediction that states any superseded value scores 0, even if it also states the new one.
     """

@@ -2,7 +2,6 @@
 
 Layout of `run_dir/checkpoints/step-000010/`:
     adapter/            LoRA weights (safetensors) + adapter config
-    average/            the mean of the adapter weights since grpo.average_from (only when it is on)
     optimizer.pt        AdamW state          scheduler.pt   LR schedule state
     rng.pt              python, numpy, torch and the rollout sampler's generator states
     state.json          step, data position, config training hash, metrics of steps 1..step
@@ -25,10 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
+SFT_DIR = "sft"
+"""The warm-start adapter of a run: run_dir/sft."""
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "state.json"
 ADAPTER = "adapter"
-AVERAGE = "average"
 BEST = "best"
 BEST_FILE = "best.json"
 
@@ -79,19 +79,14 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler,
     generator: torch.Generator,
-    average: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write the checkpoint for `state.step` atomically; returns its folder. `average`: the trainer's weight
-    average (`policy.adapter_weights()` names), written as a second adapter."""
+    """Write the checkpoint for `state.step` atomically; returns its folder."""
     final = checkpoint_dir(run_dir, state.step)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     policy.save_adapter(tmp / ADAPTER)
-    if average is not None:
-        with policy.using_adapter_weights(average):
-            policy.save_adapter(tmp / AVERAGE)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(capture_rng(generator), tmp / "rng.pt")
@@ -133,9 +128,8 @@ def read_best(run_dir: Path) -> dict[str, Any] | None:
 
 
 def policy_adapter(checkpoint: Path) -> Path:
-    """The adapter a checkpoint's policy is: its weight average when the run keeps one, else the trained one."""
-    checkpoint = Path(checkpoint)
-    return checkpoint / AVERAGE if (checkpoint / AVERAGE).is_dir() else checkpoint / ADAPTER
+    """The adapter folder of a checkpoint."""
+    return Path(checkpoint) / ADAPTER
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -158,19 +152,11 @@ def read_state(path: Path) -> CheckpointState:
 
 def load_checkpoint(
     path: Path, *, policy, optimizer: torch.optim.Optimizer, scheduler, generator: torch.Generator,
-    with_average: bool = False,
-) -> dict[str, torch.Tensor] | None:
-    """Restore adapter, optimizer, scheduler and RNG states in place. With `with_average`, returns the
-    checkpoint's weight average (`policy.adapter_weights()` names) when it keeps one; else None."""
+) -> None:
+    """Restore adapter, optimizer, scheduler and RNG states in place."""
     path = Path(path)
-    average = None
-    if with_average and (path / AVERAGE).is_dir():
-        # read through the policy's adapter, before the checkpoint's own weights replace it
-        policy.load_adapter(path / AVERAGE)
-        average = policy.adapter_weights()
     policy.load_adapter(path / ADAPTER)
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
     # our own file: python/numpy RNG states are tuples and arrays, which weights_only rejects
     restore_rng(torch.load(path / "rng.pt", weights_only=False), generator)
-    return average

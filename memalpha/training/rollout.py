@@ -1,4 +1,4 @@
-"""Batched rollouts: B instances x G episodes (memalpha.episode), one generate call per chunk position.
+"""Batched rollouts: B instances x G episodes (memalpha.env.episode), one generate call per chunk position.
 
 For chunk t, every episode still reading (episodes stop at their instance's last chunk) gives its writer
 prompt, all of them are sampled in one batched call, and each output is stepped into its episode. Every
@@ -19,13 +19,12 @@ import torch
 
 from memalpha.config import RunConfig
 from memalpha.data.schema import Instance
-from memalpha.episode import Episode, Step, score_episodes, score_step
-from memalpha.generation import Generation, generate
+from memalpha.env.episode import Episode, Step
+from memalpha.env.parsing import ParseResult
+from memalpha.env.tools import ToolResult
 from memalpha.memory import MemoryStore
-from memalpha.parsing import ParseResult
-from memalpha.rewards import RewardBreakdown
-from memalpha.rule_writer import RuleWriter, rule_writer_for
-from memalpha.tools import ToolResult
+from memalpha.rewards.rubric import RewardBreakdown, score_episodes, score_step
+from memalpha.training.generation import Generation, generate
 
 
 @dataclass
@@ -49,8 +48,6 @@ class Sample:
     """The memory after this chunk's calls."""
     reward: RewardBreakdown | None = None
     advantage: float = 0.0
-    guided: bool = False
-    """The rule writer wrote this completion (`grpo.rule_guidance`); it has no sampling log-probs."""
 
     @property
     def chunk(self) -> int:
@@ -221,28 +218,22 @@ def collect_step_rollouts(
     Each instance is walked along one memory state. At chunk t its one prompt is sampled G times (the G
     identical prompts sit next to each other in the batch), each candidate is stepped on a copy of the
     state and scored with the per-chunk reward (`episode.score_step`), so the G candidates of a group
-    differ only in their action. With `grpo.rule_guidance` the last candidate of every group is the rule
-    writer's completion for the same state. The state then advances to one candidate (`grpo.step_advance`:
+    differ only in their action. The state then advances to one candidate (`grpo.step_advance`:
     a uniformly drawn sampled one keeps the states on-policy, `best` takes the highest reward). After the
     last chunk the reader answers from the advanced memory: `qa_scores` report the trajectory's QA; they
     are shared by every candidate of a group, so they would cancel in its advantage and are left out of it.
     """
     G = num_generations
-    # one token of the guide's budget is left for the end-of-turn token a sampled completion ends with
-    guide = rule_writer_for(config, policy.count_tokens, reserve_tokens=1) if config.grpo.rule_guidance else None
-    drawn = G - 1 if guide else G
     states = _new_episodes(policy, instances, config, 1)
     chosen: list[list[Sample]] = [[] for _ in instances]
     batch = RolloutBatch(list(instances), 1)
     with policy.merged_adapter():
         while active := [b for b, state in enumerate(states) if not state.done]:
             prompts = [states[b].prompt() for b in active]
-            ids, cut, out = _sample(policy, prompts, config, batch, generator=generator, copies=drawn)
+            ids, cut, out = _sample(policy, prompts, config, batch, generator=generator, copies=G)
             for i, b in enumerate(active):
                 drafts = [(policy.tokenizer.decode(out.completion_ids[k], skip_special_tokens=True), out.completion_ids[k],
-                           out.logps[k], out.truncated[k]) for k in range(i * drawn, (i + 1) * drawn)]
-                if guide:
-                    drafts.append(_guide_draft(guide, states[b], policy.tokenizer))
+                           out.logps[k], out.truncated[k]) for k in range(i * G, (i + 1) * G)]
                 candidates, group = [], []
                 for g, (text, completion_ids, logps, truncated) in enumerate(drafts):
                     branch = states[b].copy()
@@ -251,7 +242,7 @@ def collect_step_rollouts(
                         instance_index=b, instance_id=branch.instance.instance_id, rollout=g, step=step,
                         prompt_ids=ids[i], completion_ids=completion_ids, sampling_logps=logps, truncated=truncated,
                         prompt_truncated=cut[i], memory_json=branch.store.to_json(),
-                        reward=score_step(branch, config, judge), guided=g == drawn,
+                        reward=score_step(branch, config, judge),
                     ))
                     candidates.append(branch)
                 batch.samples.extend(group)
@@ -268,23 +259,15 @@ def collect_step_rollouts(
     return batch
 
 
-def _guide_draft(writer: RuleWriter, state: Episode, tokenizer) -> tuple[str, list[int], list[float], bool]:
-    """The rule writer's completion for `state`'s chunk, as (text, token ids ending in end-of-turn,
-    no sampling log-probs, not truncated)."""
-    text = writer.write(state.chunk_text, state.store, state.visible_ids())
-    return text, tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id], [], False
-
-
 def _advance(group: list[Sample], rule: str, generator: torch.Generator | None) -> int:
     """Which candidate the shared state moves to: the best reward (`best`, the first on ties) or a uniform
-    draw among the sampled candidates (`sample`; a guided one is never drawn)."""
+    draw (`sample`)."""
     if rule == "best":
         totals = [s.reward.total for s in group]
         return totals.index(max(totals))
-    sampled = [g for g, s in enumerate(group) if not s.guided]
     if generator is None:
-        return sampled[0]
-    return sampled[int(torch.randint(len(sampled), (1,), generator=generator, device=generator.device))]
+        return 0
+    return int(torch.randint(len(group), (1,), generator=generator, device=generator.device))
 
 
 def rollout_trace(batch: RolloutBatch, samples: list[Sample], r: int) -> dict:

@@ -2,7 +2,7 @@
 
 One call generates a completion for every prompt of the batch (left-padded). Identical prompts (the G
 candidates of a step-level group, the first chunk of a trajectory group) are prefilled once, and the
-rows that ask for them decode against that one copy of its KV cache (memalpha.kv_cache); the prefix all
+rows that ask for them decode against that one copy of its KV cache (memalpha.training.kv_cache); the prefix all
 distinct prompts share (the writer's system prompt, about a third of a writer prompt) is prefilled once
 before their different tails; a row that finished is dropped from the batch, so the decode steps only
 compute the rows still generating. Sampling uses a caller-owned `torch.Generator` on the model's device,
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from memalpha.kv_cache import CascadeCache, cascade_attention, reserved_cache
+from memalpha.training.kv_cache import CascadeCache, cascade_attention, reserved_cache
 
 
 @dataclass

@@ -7,8 +7,7 @@ current log-prob logp_it, old log-prob (the policy that sampled it) old_it.
                                                               scale_rewards = batch: std over the batch
                                                               scale_rewards = none:  no division
     rho_it  = exp(logp_it - old_it)
-    L_it    = -min(rho_it A_i, clip(rho_it, 1 - eps_low, 1 + eps_high) A_i) + kl_beta * KL_it
-    KL_it   = exp(ref_it - logp_it) - (ref_it - logp_it) - 1  (k3 estimator, reference = grpo.kl_reference)
+    L_it    = -min(rho_it A_i, clip(rho_it, 1 - eps_low, 1 + eps_high) A_i)     (no KL term, TRL's beta = 0)
 
 Aggregation over the global batch of N samples (T tokens in all) split into M micro-batches:
     grpo    : (1/N) sum_i mean_t L_it                      per-sequence mean, then mean over sequences
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import DynamicCache
 
-from memalpha.generation import keep_last
+from memalpha.training.generation import keep_last
 
 STD_EPS = 1e-4  # TRL's constant in A = (R - mean) / (std + eps)
 
@@ -72,7 +71,6 @@ class LossStats:
     tokens: float
     low_clipped: float
     high_clipped: float
-    kl_sum: float
 
 
 def grpo_loss(
@@ -88,12 +86,10 @@ def grpo_loss(
     batch_sequences: int,
     batch_tokens: int,
     num_micro_batches: int,
-    ref_logps: torch.Tensor | None = None,
-    kl_beta: float = 0.0,
 ) -> tuple[torch.Tensor, LossStats]:
     """Loss of one micro-batch, already scaled so that summing over micro-batches gives the global loss.
 
-    logps, old_logps, ref_logps, mask: (b, L) over completion tokens; advantages: (b,).
+    logps, old_logps, mask: (b, L) over completion tokens; advantages: (b,).
     batch_sequences / batch_tokens / num_micro_batches describe the whole (global) batch.
     """
     eps_low, eps_high = epsilon, epsilon if epsilon_high is None else epsilon_high
@@ -102,12 +98,6 @@ def grpo_loss(
     ratio = torch.exp(logps - old_logps)
     clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
     per_token = -torch.min(ratio * adv, clipped * adv)
-    kl = None
-    if kl_beta != 0.0:
-        if ref_logps is None:
-            raise ValueError("kl_beta > 0 needs ref_logps")
-        kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
-        per_token = per_token + kl_beta * kl
     if loss_type == "grpo":
         loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / batch_sequences
     elif loss_type == "dr_grpo":
@@ -123,7 +113,6 @@ def grpo_loss(
             tokens=float(mask.sum()),
             low_clipped=float((((ratio < 1 - eps_low) & (adv < 0)).to(mask.dtype) * mask).sum()),
             high_clipped=float((((ratio > 1 + eps_high) & (adv > 0)).to(mask.dtype) * mask).sum()),
-            kl_sum=float((kl * mask).sum()) if kl is not None else 0.0,
         )
     return loss, stats
 

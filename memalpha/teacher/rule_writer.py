@@ -12,24 +12,23 @@ NOTHING_TO_STORE. A sentence announcing a change ("moved from X to Y", "no longe
 updates the visible entry it shares words with (conflict resolution) instead of adding a second copy.
 A short core paragraph names the speakers and their current home and job.
 
-Output: JSON lines in the exact format the writer prompt teaches (the schema's `call_order`), most
+Output: JSON lines in the exact format the writer prompt teaches, most
 valuable calls first, cut to a completion budget.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from memalpha.episode import Episode, Step
+from memalpha.env.episode import Episode, Step
+from memalpha.env.parsing import NOTHING_TO_STORE, ToolCall
+from memalpha.env.tools import call_line, execute_call
 from memalpha.memory.schema import MemorySchema
-from memalpha.memory.store import EDGE_PUNCTUATION, MemoryStore, contains_words, normalize_content, text_key
-from memalpha.parsing import NOTHING_TO_STORE, ToolCall
+from memalpha.memory.store import MemoryStore, normalize_content
 from memalpha.text import MONTHS, WEEKDAYS
 from memalpha.tokens import TokenCounter, regex_token_count
-from memalpha.tools import call_line, execute_call, text_argument
 
 if TYPE_CHECKING:
     from memalpha.config import RunConfig
@@ -117,11 +116,9 @@ class RuleWriter:
     """Deterministic writer: `write(chunk_text, store)` returns the completion text (JSON lines).
 
     `max_calls` and `max_completion_tokens` (counted with `count_tokens`) cap the output, keeping the
-    most valuable calls: updates, labelled examples, facts, events, then the core rewrite. `insert_order`
-    says how the kept inserts are spelled: `value` (most valuable first) or `text` (as the chunk says
-    them). `entry_form` says how a speaker's sentence is stored: `statement` (third person: "Maya loves
-    Maya's job") or `quote` (the line as said: "Maya: I love my job"). Updates only
-    address entries in `visible_ids` when given (the ids the writer view shows), since a policy can only
+    most valuable calls (updates, labelled examples, facts, events, then the core rewrite), most
+    valuable first. A speaker's sentence is stored as a third-person statement ("Maya loves Maya's
+    job"). Updates only address entries in `visible_ids` when given (the ids the writer view shows), since a policy can only
     update what it sees.
     """
 
@@ -132,8 +129,6 @@ class RuleWriter:
         max_completion_tokens: int | None = None,
         count_tokens: TokenCounter = regex_token_count,
         core_max_words: int = 48,
-        insert_order: Literal["value", "text"] = "value",
-        entry_form: Literal["statement", "quote"] = "statement",
     ):
         lists = [s.name for s in schema.list_sections]
         if not lists:
@@ -143,12 +138,9 @@ class RuleWriter:
         self.max_completion_tokens = max_completion_tokens
         self.count_tokens = count_tokens
         self.core_max_words = core_max_words
-        self.insert_order = insert_order
-        self.entry_form = entry_form
         self._fact_section = "semantic" if "semantic" in lists else lists[0]
         self._event_section = "episodic" if "episodic" in lists else self._fact_section
         self._has_core = "core" in schema.names and not schema.section("core").is_list
-        self._update_text = text_argument("memory_update", schema)
 
     # ---- reading the chunk ---------------------------------------------------------------------
 
@@ -178,10 +170,9 @@ class RuleWriter:
         seen: set[str] = set()
         utterances = self.utterances(chunk_text)
         speakers = frozenset(u.speaker for u in utterances if u.speaker)
-        quote = self.entry_form == "quote"
         for utt in utterances:
             example = _example(utt.text)
-            items = [example] if example else [x for s in _sentences(utt.text) if (x := _statement(s, utt, speakers, quote))]
+            items = [example] if example else [x for s in _sentences(utt.text) if (x := _statement(s, utt, speakers))]
             for item in items:
                 key = normalize_content(item.content).lower()
                 if key not in seen:
@@ -201,9 +192,8 @@ class RuleWriter:
                 return section
         return self._fact_section
 
-    def plan(self, chunk_text: str, store: MemoryStore, visible_ids: set[str] | None = None) -> list[tuple[float, ToolCall]]:
-        """The tool calls for one chunk, most valuable first, before any budget cut, each with its place in
-        text order: updates first, inserts by the sentence they come from, the core last."""
+    def plan(self, chunk_text: str, store: MemoryStore, visible_ids: set[str] | None = None) -> list[ToolCall]:
+        """The tool calls for one chunk, most valuable first, before any budget cut: updates, inserts, the core."""
         known = {normalize_content(e.content).lower() for _, e in store.all_entries()}
         # what a change can apply to: visible entries and this chunk's planned inserts, as they will read
         targets = {e.id: (s, e.content) for s, e in store.all_entries() if visible_ids is None or e.id in visible_ids}
@@ -231,31 +221,22 @@ class RuleWriter:
                 targets[key] = (self._section(item), item.content)
                 inserts[key] = (item.score, order, self._section(item))
         after = store.copy()  # the memory as this chunk's calls leave it
-        calls: list[tuple[float, ToolCall]] = [(-math.inf, call) for call in self._updates(after, updated, {key: targets[key][0] for key in updated}, chunk_text)]
+        calls = self._updates(after, updated, {key: targets[key][0] for key in updated})
         ranked = sorted(inserts.items(), key=lambda kv: (-kv[1][0], kv[1][1]))
-        for key, (_, order, section) in ranked:
-            calls.append((order, ToolCall("memory_insert", {"memory_type": section, "content": targets[key][1]})))
-            execute_call(after, calls[-1][1], 0)
+        for key, (_, _, section) in ranked:
+            calls.append(ToolCall("memory_insert", {"memory_type": section, "content": targets[key][1]}))
+            execute_call(after, calls[-1], 0)
         core = self._core(store, after, chunk_text)
         if core is not None:
-            calls.append((math.inf, ToolCall("memory_update", {"memory_type": "core", self._update_text: core})))
+            calls.append(ToolCall("memory_update", {"memory_type": "core", "new_content": core}))
         return calls
 
-    def _updates(self, after: MemoryStore, updated: dict[str, str], sections: dict[str, str], chunk_text: str) -> list[ToolCall]:
-        """memory_update calls writing `updated[id]` over each entry, named as the schema's entry_address says
-        (under `subject` named by nothing: the store finds what the new content is about), each applied to
-        `after` (a text address must be unique in the memory the call meets)."""
-        address = self.schema.entry_address
-        speakers = set() if address != "text" or not updated else {u.speaker.lower() for u in self.utterances(chunk_text) if u.speaker}
+    @staticmethod
+    def _updates(after: MemoryStore, updated: dict[str, str], sections: dict[str, str]) -> list[ToolCall]:
+        """memory_update calls writing `updated[id]` over each entry, each applied to `after`."""
         calls = []
         for key, content in updated.items():
-            if address == "id":
-                named = {"memory_id": key}
-            elif address == "subject":
-                named = {}
-            else:
-                named = {"old_content": text_address(after, sections[key], key, chunk_text, speakers)}
-            calls.append(ToolCall("memory_update", {"memory_type": sections[key], **named, self._update_text: content}))
+            calls.append(ToolCall("memory_update", {"memory_type": sections[key], "memory_id": key, "new_content": content}))
             execute_call(after, calls[-1], 0)
         return calls
 
@@ -282,23 +263,21 @@ class RuleWriter:
 
     def write(self, chunk_text: str, store: MemoryStore, visible_ids: set[str] | None = None) -> str:
         """The completion text for one chunk: JSON lines, or NOTHING_TO_STORE."""
-        kept: list[tuple[float, str]] = []
+        kept: list[str] = []
         used = 0
         planned = self.plan(chunk_text, store, visible_ids)
-        if all(c.arguments.get("memory_type") == "core" for _, c in planned):
+        if all(c.arguments.get("memory_type") == "core" for c in planned):
             return NOTHING_TO_STORE  # a new core alone (speaker names) is not worth a call
-        for place, call in planned:
+        for call in planned:
             if len(kept) >= self.max_calls:
                 break
-            line = call_line(self.schema, call.name, call.arguments)
+            line = call_line(call.name, call.arguments)
             cost = self.count_tokens(line + "\n")
             if self.max_completion_tokens is not None and used + cost > self.max_completion_tokens:
                 continue  # a shorter, lower-priority call may still fit
-            kept.append((place, line))
+            kept.append(line)
             used += cost
-        if self.insert_order == "text":
-            kept.sort(key=lambda placed: placed[0])  # stable: updates keep their order
-        return "\n".join(line for _, line in kept) if kept else NOTHING_TO_STORE
+        return "\n".join(kept) if kept else NOTHING_TO_STORE
 
 
 _TOPICS: dict[str, frozenset[str]] = {
@@ -326,8 +305,7 @@ def rule_writer_for(config: RunConfig, count_tokens: TokenCounter, reserve_token
     `reserve_tokens`."""
     schema = config.memory.schema()
     return RuleWriter(schema, max_completion_tokens=config.rollout.max_completion_length - reserve_tokens,
-                      count_tokens=count_tokens, insert_order=config.sft.demonstration_order,
-                      entry_form=config.sft.demonstration_form)
+                      count_tokens=count_tokens)
 
 
 def _core_names(core: str) -> list[str]:
@@ -335,32 +313,6 @@ def _core_names(core: str) -> list[str]:
     if not match:
         return []
     return [n.strip() for n in (match.group("many") or match.group("one")).split(" and ") if n.strip()]
-
-
-def text_address(store: MemoryStore, section: str, entry_id: str, chunk_text: str, speakers: set[str]) -> str:
-    """How a writer that copies from the chunk names entry `entry_id` (entry_address `text`): the shortest
-    run of the entry's words that the chunk also says, holds a content word other than a speaker's name
-    and matches only this entry, which is most often the value that changed ("from 9261 to 2881"); the
-    latest such run on ties; the entry's whole text when no run does."""
-    entry = store.get(section, entry_id)
-    words = entry.content.split()
-    chunk = normalize_content(chunk_text).lower()
-    best: tuple[int, int, str] | None = None  # (length, -start, run): smaller is better
-    for start in range(len(words)):
-        for end in range(start + 1, len(words) + 1):
-            if best and (end - start, -start) >= best[:2]:
-                break
-            run = " ".join(words[start:end]).strip(EDGE_PUNCTUATION)
-            key = text_key(run)
-            if not key or not contains_words(chunk, key):
-                break  # a longer run from this start cannot occur in the chunk either
-            if not _content_words(key, speakers):
-                continue
-            found, _ = store.find_by_text(section, run)
-            if found is not None and found.id == entry_id:
-                best = (end - start, -start, run)
-                break
-    return best[2] if best else entry.content
 
 
 def _day(stamp: str) -> str:
@@ -395,7 +347,7 @@ def _specific(text: str, speakers: frozenset[str] = frozenset()) -> int:
     return len(names) + len(numbers) + len(_QUOTE.findall(text))
 
 
-def _statement(sentence: str, utt: _Utterance, speakers: frozenset[str] = frozenset(), quote: bool = False) -> Extraction | None:
+def _statement(sentence: str, utt: _Utterance, speakers: frozenset[str] = frozenset()) -> Extraction | None:
     text = sentence.strip()
     if len(text.split()) < 3:
         return None
@@ -413,10 +365,7 @@ def _statement(sentence: str, utt: _Utterance, speakers: frozenset[str] = frozen
     speaker = utt.speaker or ""
     event = _TIME_WORD.search(text) is not None or (_PAST_ACTION.search(text) is not None and not cue)
     date = utt.date if event else None
-    if quote and speaker:
-        content = f"{speaker} ({date}): {text}" if date else f"{speaker}: {text}"  # a copy of the line (runs SFQ)
-    else:
-        content = _restated(text, speaker, date)
+    content = _restated(text, speaker, date)
     return Extraction("event" if event else "fact", content, speaker, change, 3 * cue + min(specific, 3), utt.date)
 
 

@@ -1,0 +1,99 @@
+"""Training data as the trainer sees it: the prepared dataset's splits, restricted to the run's
+competencies and cut to the chunks a step trains on (`truncate_for_training`, `thin_distractors`)."""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from memalpha.config import RunConfig
+from memalpha.data.schema import Instance
+from memalpha.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainingData:
+    """Instances by split, truncated for training, and how many each split lost to truncation."""
+
+    splits: dict[str, list[Instance]]
+    dropped: dict[str, int]
+    """Per split: instances dropped because no question stayed answerable from the kept chunks."""
+
+
+def load_training_data(config: RunConfig, tokenizer=None, path: str | Path | None = None) -> TrainingData:
+    """Instances of config.data.train_path by split, restricted to config.data.competencies and truncated
+    to data.max_chunks_per_instance (questions whose evidence does not all survive are dropped, then
+    instances without a question; truncate_for_training).
+
+    A missing dataset folder is generated first with the seeded synthetic `train` preset (so training
+    works on a fresh machine).
+    """
+    from memalpha.data.io import read_dataset
+
+    path = Path(path or config.data.train_path)
+    if not path.exists():
+        from memalpha.data.prep import synthesize
+        from memalpha.data.synth import PRESETS
+
+        log.info("dataset %s not found: generating the synthetic training set", path)
+        synth = replace(PRESETS["train"], competencies=tuple(config.data.competencies), seed=config.data.split_seed)
+        synthesize(path, synth, tokenizer=tokenizer or _regex_tokenizer(), data_cfg=config.data,
+                   tokenizer_name=getattr(tokenizer, "name_or_path", "regex"))
+    wanted = set(config.data.competencies)
+    splits: dict[str, list[Instance]] = {"train": [], "validation": [], "test": []}
+    for instance in read_dataset(path):
+        if instance.competency in wanted:
+            splits.setdefault(instance.split, []).append(instance)
+    dropped = {}
+    for split, instances in splits.items():
+        splits[split], dropped[split] = truncate_for_training(instances, config.data.max_chunks_per_instance)
+        if dropped[split]:
+            log.info("%s: %d %s instances dropped: no question answerable from their first %d chunks",
+                     path, dropped[split], split, config.data.max_chunks_per_instance)
+    if not splits["train"]:
+        raise UserError(f"{path}: no training instances with competency in {sorted(wanted)}"
+                        + (f" and a question answerable from the first {config.data.max_chunks_per_instance} chunks"
+                           if dropped["train"] else ""))
+    return TrainingData(splits, dropped)
+
+
+def _regex_tokenizer():
+    from memalpha.tokens import regex_token_count
+
+    return regex_token_count
+
+
+def truncate_for_training(instances: list[Instance], max_chunks: int) -> tuple[list[Instance], int]:
+    """The first `max_chunks` chunks of each instance (0: all), keeping only the questions whose evidence
+    all survives (questions without evidence indices are kept); instances left without a question are
+    dropped. Returns the kept instances and how many were dropped."""
+    if not max_chunks:
+        return list(instances), 0
+    kept = []
+    for instance in instances:
+        if len(instance.chunks) > max_chunks:
+            questions = [q for q in instance.questions
+                         if q.evidence_chunks is None or all(c < max_chunks for c in q.evidence_chunks)]
+            instance = replace(instance, chunks=instance.chunks[:max_chunks], questions=questions)
+        if instance.questions:
+            kept.append(instance)
+    return kept, len(instances) - len(kept)
+
+
+def thin_distractors(instance: Instance, keep_share: float) -> Instance:
+    """The instance with only `keep_share` of its distractor chunks (chunks that no question cites as
+    evidence), a fixed subset per instance, evidence indices renumbered. Unchanged at 1, and when a
+    question's evidence is unknown (distractors cannot be told apart then)."""
+    if keep_share >= 1 or any(q.evidence_chunks is None for q in instance.questions):
+        return instance
+    evidence = {c for q in instance.questions for c in q.evidence_chunks}
+    distractors = [i for i in range(len(instance.chunks)) if i not in evidence]
+    kept_distractors = set(random.Random(instance.instance_id).sample(distractors, round(keep_share * len(distractors))))
+    kept = [i for i in range(len(instance.chunks)) if i in evidence or i in kept_distractors]
+    renumber = {old: new for new, old in enumerate(kept)}
+    questions = [replace(q, evidence_chunks=[renumber[c] for c in q.evidence_chunks]) for q in instance.questions]
+    return replace(instance, chunks=[instance.chunks[i] for i in kept], questions=questions)
