@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup gemma3 browser test test-fast train bench gpu-check up down status clean
+.PHONY: setup gemma3 browser test test-fast train warm-start bench gpu-check up down status clean
 
 setup: $(STAMP) .cache/models/.ready
 
@@ -46,6 +46,12 @@ test-fast: setup
 
 train: setup
 	bash infra/train.sh
+
+# the recipe's warm start (~1 h on 2 cores), stored as adapters/warm-start with its hash and held-out checks;
+# needed only when the recipe changes (tests/test_record.py says so)
+warm-start: setup
+	rm -rf runs/warm-start
+	$(PY) -m memalpha sft --ship
 
 bench: setup
 	$(PY) -m bench.run_all

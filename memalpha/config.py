@@ -54,8 +54,6 @@ class RetrievalConfig(_Section):
     """How memory entries are retrieved for the reader and the writer view."""
     top_k: int = Field(20, ge=1)
     """Entries retrieved per list (the paper uses BM25 top-20)."""
-    rrf_k: int = Field(60, ge=1)
-    """Reciprocal rank fusion constant for the hybrid retriever."""
     embedding_model: str = "all-MiniLM-L6-v2"
     """Dense embedding model: the packaged all-MiniLM-L6-v2, a hub id or a local path."""
     sections_per_query: int = Field(3, ge=1)
@@ -137,10 +135,6 @@ class DataConfig(_Section):
     """Curriculum as (first GRPO step, chunks per instance) pairs: from that step on, training instances
     are cut to that many chunks (answerable questions only). Empty: off. Half the chunks first halves
     the early steps' time."""
-    distractor_curriculum: list[tuple[int, float]] = []
-    """Curriculum as (first GRPO step, share of distractor chunks kept) pairs, e.g. [[0, 0.0], [15, 1.0]]:
-    from that step on, training instances keep that share of their chunks that no question cites as
-    evidence (a fixed subset per instance), before the chunk curriculum cuts them. Empty: all kept."""
     max_answer_tokens: int = Field(64, ge=1)
     """Validation: longest gold answer (tokens); long-range answers that are whole summaries are exempt."""
     max_chunk_tokens: int = Field(4096, ge=16)
@@ -201,8 +195,6 @@ class GRPOConfig(_Section):
     (memalpha.training.rollout.collect_step_rollouts). `trajectory`: G whole rollouts per instance (paper).
     From the same warm start and seed, 20 step-mode steps scored 0.438 held-out QA against 0.392, and
     took 57-68 s a step against 71-100 s."""
-    step_advance: Literal["sample", "best"] = "sample"
-    """Step sampling: the candidate the shared state advances to (a uniform draw, or the best reward)."""
     num_iterations: int = Field(1, ge=1)
     """Inner epochs over the same rollouts."""
     micro_batch_size: int = Field(2, ge=1)
@@ -225,8 +217,9 @@ class GRPOConfig(_Section):
 class SFTConfig(_Section):
     enabled: bool = True
     """Run the warm start (rule-writer demonstrations + SFT) before GRPO."""
-    data_path: str = ""
-    """Prepared dataset the demonstrations and the held-out checks come from ("": data.train_path)."""
+    data_path: str = "data/warm-start"
+    """Prepared dataset the demonstrations and the held-out checks come from ("": data.train_path); the
+    default is generated when missing (`memalpha.teacher.record.WARM_START_DATA`: 1,024 instances)."""
     num_demonstrations: int = Field(1024, ge=1)
     """Rule-writer demonstrations SFT trains on; 1,024 gave held-out QA 0.319 against 0.292 for 256."""
     epochs: float = Field(1.0, gt=0)
@@ -296,8 +289,6 @@ class EvalConfig(_Section):
     """Length generalisation: chunks of a 1x instance (the synthetic training preset's typical length)."""
     length_instances: int = Field(4, ge=1)
     """Length generalisation: instances per multiplier (competencies cycle over them)."""
-    length_seed: int = 1
-    """Length generalisation: generator seed; differs from the synthetic default (0) so no instance was trained on."""
 
 
 class TrackingConfig(_Section):
@@ -305,7 +296,6 @@ class TrackingConfig(_Section):
     registered_model: str = "memalpha-policy"
     rollouts_logged_per_step: int = Field(2, ge=0)
     """Rollouts logged in full (prompts, completions, memory) each step; totals are always logged."""
-    trace_rollouts: bool = True
 
 
 class RunConfig(_Section):
@@ -336,12 +326,9 @@ class RunConfig(_Section):
         if self.reward.qa_metric == "llm_judge":
             raise ValueError(f"reward.qa_metric=llm_judge needs an answer judge, and none is wired: model.judge="
                              f"{self.model.judge} judges memory writes (reward.judge=llm) only; choose another reward.qa_metric")
-        for name in ("chunk_curriculum", "distractor_curriculum"):
-            starts = [start for start, _ in getattr(self.data, name)]
-            if starts and (starts[0] != 0 or starts != sorted(set(starts))):
-                raise ValueError(f"data.{name}: first steps must start at 0 and increase, got {starts}")
-        if any(not 0 <= share <= 1 for _, share in self.data.distractor_curriculum):
-            raise ValueError("data.distractor_curriculum: shares must be between 0 and 1")
+        starts = [start for start, _ in self.data.chunk_curriculum]
+        if starts and (starts[0] != 0 or starts != sorted(set(starts))):
+            raise ValueError(f"data.chunk_curriculum: first steps must start at 0 and increase, got {starts}")
         schedule = self.data.chunk_curriculum
         if schedule:
             cap = self.data.max_chunks_per_instance

@@ -34,6 +34,10 @@ class StepMeter:
         self.total, self.first = total, done
         self.started = time.perf_counter()
 
+    def seconds_per_step(self, step: int) -> float | None:
+        ran = step - self.first
+        return (time.perf_counter() - self.started) / ran if ran > 0 else None
+
     def rate_and_eta(self, step: int) -> str:
         ran = step - self.first
         if ran <= 0:
@@ -70,30 +74,28 @@ class GRPOProgress:
 
 
 class SFTProgress:
-    """`run_sft` on_log callback: a line per optimizer step (loss) and per held-out extraction check."""
+    """`run_sft` on_log callback: a line per optimizer step (loss) and per held-out extraction check. When
+    the time budget will stop SFT before its last step, the line says when and after which step."""
 
     def __init__(self, emit: Emit = print):
         self.emit = emit
         self.meter: StepMeter | None = None
-        self.labelling: StepMeter | None = None
 
     def __call__(self, record: dict) -> None:
-        if "dagger_round" in record:
-            self._dagger(record)
-            return
         step, total = int(record.get("step", 0)), int(record.get("max_steps", 0))
-        if self.meter is None or self.meter.total != total:  # a stage begins (the first SFT stage, a DAgger round)
+        if self.meter is None or self.meter.total != total:
             self.meter = StepMeter(total, step)
         if "token_loss" in record:
-            self.emit(f"warm start step {step}/{total} | loss {float(record['token_loss']):.4f} | {self.meter.rate_and_eta(step)}")
+            line = f"warm start step {step}/{total} | loss {float(record['token_loss']):.4f} | {self.meter.rate_and_eta(step)}"
+            self.emit(line + self._budget(step, total, record.get("deadline")))
         if "sft_eval/evidence_recall" in record:
             shown = ", ".join(f"{k.removeprefix('sft_eval/')} {v:.3f}" for k, v in record.items() if k.startswith("sft_eval/"))
             self.emit(f"warm start epoch {record.get('epoch')} held-out extraction: {shown}")
 
-    def _dagger(self, record: dict) -> None:
-        """A DAgger round's policy rollouts: instances written so far, with rate and ETA."""
-        written, drawn = int(record["instances_written"]), int(record["instances"])
-        if self.labelling is None or written <= self.labelling.first:
-            self.labelling = StepMeter(drawn)
-        self.emit(f"warm start DAgger round {record['dagger_round']}: policy wrote {written}/{drawn} instances | "
-                  f"{self.labelling.rate_and_eta(written)}")
+    def _budget(self, step: int, total: int, deadline: float | None) -> str:
+        per_step = self.meter.seconds_per_step(step) if self.meter else None
+        if deadline is None or not per_step:
+            return ""
+        left = deadline - time.time()
+        last = min(total, step + max(int(left // per_step), 0) + 1)  # a step that starts before the deadline ends
+        return "" if last >= total else f" | time budget: stops after step {last} of {total}, in {duration(left)}"

@@ -216,8 +216,7 @@ def publish_block(config: RunConfig, run_dir: Path, run_id: str, first: int, las
             client.log_table(run_id, _reward_table(samples).to_pandas(), table_path)
         memories = json.loads((folder / "memories.json").read_text())
         client.log_dict(run_id, memories[:keep], f"memories/{name}.json")
-        if config.tracking.trace_rollouts:
-            _log_trace(run_id, json.loads((folder / "trace.json").read_text()), step)
+        _log_trace(run_id, json.loads((folder / "trace.json").read_text()), step)
         # metrics last: once the sentinel is in, the step counts as published
         tracking.log_step_metrics(run_id, step, record["metrics"], record["time_ms"])
         _tag_best(run_dir, run_id, record["metrics"])
@@ -238,10 +237,16 @@ def warm_start(config: RunConfig, run_dir: str, run_id: str, started: float | No
     from memalpha.teacher.warm_start import prepare_warm_start
 
     began = time.perf_counter()
-    adapter = prepare_warm_start(config, run_dir, on_log=SFTProgress(get_run_logger().info), started=started)
+    progress, client = SFTProgress(get_run_logger().info), tracking.configure()
+
+    def on_log(record: dict) -> None:
+        progress(record)
+        if "token_loss" in record:  # the loss curve of the warm start, beside GRPO's in the same run
+            client.log_metric(run_id, "sft/loss", float(record["token_loss"]), step=int(record["step"]))
+
+    adapter = prepare_warm_start(config, run_dir, on_log=on_log, started=started)
     if adapter is None:  # disabled, or a re-run past the first checkpoint (it holds newer weights)
         return None
-    client = tracking.configure()
     if not tracking.artifact_exists(run_id, "sft"):
         client.log_artifacts(run_id, str(adapter), "sft")
         client.log_metric(run_id, "sft/seconds", time.perf_counter() - began, step=0)

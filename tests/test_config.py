@@ -1,7 +1,11 @@
+from pathlib import Path
+
 import pytest
 
 from memalpha.cli import main
 from memalpha.config import ConfigError, RunConfig, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_defaults_match_the_paper_weights():
@@ -78,3 +82,32 @@ def test_a_combination_the_code_cannot_run_is_refused_at_load_naming_both_fields
         load_config(None, ["reward.qa_metric=llm_judge"])
     with pytest.raises(ConfigError, match=r"sft\.batch_size=8 must be a multiple of sft\.micro_batch_size=3"):
         load_config(None, ["sft.batch_size=8", "sft.micro_batch_size=3"])
+
+
+RECIPE = {
+    # the measured recipe (docs/TRAINING.md, "The recipe"): step-level GRPO with Dr. GRPO's loss, one group
+    # of 8 per step, 192-token completions, from a warm start of 1,024 demonstrations at lr 5e-4
+    "grpo.sampling": "step", "grpo.loss_type": "dr_grpo", "grpo.advantage_grouping": "chunk", "grpo.learning_rate": 1e-4,
+    "grpo.warmup_steps": 1, "grpo.steps": 20, "grpo.eval_every": 5, "rollout.instances_per_step": 1,
+    "rollout.num_generations": 8, "rollout.max_completion_length": 192, "rollout.max_prompt_tokens": 1024,
+    "memory.writer_view_tokens": 256, "memory.reader_view_tokens": 1024,
+    "data.competencies": ["accurate_retrieval", "conflict_resolution"], "data.max_chunks_per_instance": 4,
+    "data.chunk_curriculum": [[0, 2], [15, 4]], "sft.num_demonstrations": 1024, "sft.learning_rate": 5e-4,
+    "sft.batch_size": 4, "sft.epochs": 1.0, "sft.nothing_to_store_share": 0.25, "sft.eval_chunks": 32,
+    "reward.shadowed_conflict_credit": 0.5, "reward.coverage_weight": 1.0, "reward.content_gate": True,
+    "reward.retention": True, "reward.beta": 0.05, "reward.gamma": 0.1, "time_budget_minutes": None,
+}
+
+
+def test_the_code_defaults_are_the_recipe():
+    flat = RunConfig().flat()
+    assert {key: flat[key] for key in RECIPE} == RECIPE
+    assert len(flat) <= 105  # one field a concept; levers that did not help are not fields
+
+
+def test_the_default_yaml_only_sizes_the_run():
+    """configs/default.yaml changes how long the run is, never what a step computes or the warm start it uses."""
+    defaults, sized = RunConfig().flat(), load_config(ROOT / "configs" / "default.yaml").flat()
+    changed = {key for key in defaults if defaults[key] != sized[key]}
+    assert changed <= {"name", "output_dir", "time_budget_minutes", "grpo.steps", "grpo.eval_every",
+                       "grpo.checkpoint_every", "eval.max_instances"}

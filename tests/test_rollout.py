@@ -42,8 +42,8 @@ def make_dataset(folder: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def random_adapter(tmp_path_factory) -> Path:
-    """A tiny-model LoRA adapter with random (non-zero) B matrices, so the policy differs from the
-    reference (adapters off) and a KL term has a gradient."""
+    """A tiny-model LoRA adapter with random (non-zero) B matrices, so the policy differs from the base
+    model (adapters off) and the LoRA A matrices have a gradient."""
     folder = tmp_path_factory.mktemp("adapter")
     config = tiny_config(folder / "data")
     policy = load_policy(config.model, seed=config.grpo.seed)

@@ -28,7 +28,7 @@ def make_retriever(cfg: RetrievalConfig, embedder: TextEncoder | None = None) ->
     if cfg.method == "dense":
         return DenseRetriever(encoder)
     if cfg.method == "hybrid":
-        return HybridRetriever(BM25Retriever(), DenseRetriever(encoder), rrf_k=cfg.rrf_k)
+        return HybridRetriever(BM25Retriever(), DenseRetriever(encoder))
     raise ValueError(f"retrieval.method: unknown method {cfg.method!r}")
 
 

@@ -195,7 +195,7 @@ def run_sft(
             if logs and "token_loss" in logs:
                 losses.append(float(logs["token_loss"]))  # per completion token, comparable across budgets
             if logs and on_log is not None:
-                on_log({"step": state.global_step, "max_steps": state.max_steps, **logs})
+                on_log({"step": state.global_step, "max_steps": state.max_steps, "deadline": deadline, **logs})
 
         def on_step_end(self, args, state, control, **kwargs):
             if step_would_overrun(deadline, (time.time() - self.began) / max(state.global_step, 1)):

@@ -10,16 +10,17 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from memalpha.config import WARM_START_BUDGET_SHARE, RunConfig
+from memalpha.config import WARM_START_BUDGET_SHARE, RunConfig, SFTConfig
 from memalpha.data.schema import Instance
 from memalpha.errors import UserError
 from memalpha.progress import SFTProgress
+from memalpha.teacher import record
 from memalpha.teacher.demonstrations import (
     DemoStats,
     build_demonstrations,
     demonstration_max_length,
 )
-from memalpha.teacher.probes import extraction_probes
+from memalpha.teacher.probes import extraction_metrics, extraction_probes
 from memalpha.teacher.sft import run_sft
 from memalpha.training.checkpoint import SFT_DIR, latest_checkpoint
 from memalpha.training.data import load_training_data
@@ -73,15 +74,44 @@ def needs_warm_start(run_dir: Path) -> bool:
 
 
 def prepare_warm_start(config: RunConfig, run_dir: str | Path, on_log: Callable[[dict], None] | None = None,
-                       started: float | None = None) -> Path | None:
-    """The warm-start adapter of a run folder, trained now if missing (None when sft.enabled is false or
-    the run is past its first checkpoint). Demonstrations come from `sft.data_path` (default
-    `data.train_path`), held-out checks from its validation split."""
+                       started: float | None = None, shipped: Path = record.WARM_START) -> Path | None:
+    """The warm-start adapter of a run folder (None when sft.enabled is false or the run is past its first
+    checkpoint): the `shipped` one when its record's hash is this config's, else trained now from
+    `sft.data_path` (generated when it is the default and missing), held-out checks from its validation split."""
     from memalpha.models.policy import load_policy
 
     run_dir = Path(run_dir)
     if not config.sft.enabled or not needs_warm_start(run_dir):
         return None
+    out = run_dir / SFT_DIR
+    if not (out / ADAPTER_FILE).is_file():
+        wanted, kept = record.warm_start_hash(config), record.read_record(shipped)
+        if kept is not None and kept["hash"] == wanted:
+            log.info("warm start: %s matches this recipe (hash %s): reused, not trained", shipped, wanted)
+            return record.restore(shipped, out)
+        log.info("warm start: this recipe hashes to %s, %s: training it (`make warm-start` rebuilds the shipped one)",
+                 wanted, "the shipped one to " + kept["hash"] if kept else "none is shipped")
     policy = load_policy(config.model, seed=config.grpo.seed)
-    data = load_training_data(config, policy.tokenizer, config.sft.data_path or None)
+    synth = record.WARM_START_DATA if config.sft.data_path == SFTConfig().data_path else None
+    data = load_training_data(config, policy.tokenizer, config.sft.data_path or None, synth)
     return warm_start(config, run_dir / SFT_DIR, policy, data.splits["train"], data.splits["validation"], on_log, started)
+
+
+def ship_warm_start(config: RunConfig, adapter: Path, policy, held_out: list[Instance],
+                    folder: Path = record.WARM_START) -> dict:
+    """Store `adapter` (this config's warm start) as the shipped one in bf16, with its record: the hash, the
+    recipe fields, its SFT result and the held-out checks of the stored bf16 weights beside the trained
+    fp32 ones. Returns the record."""
+    import tempfile
+
+    result = json.loads((Path(adapter) / "sft_result.json").read_text())
+    entry = {"hash": record.warm_start_hash(config), "recipe": record.warm_start_fields(config),
+             "sft": {k: v for k, v in result.items() if k not in ("losses", "adapter_dir")}}
+    record.ship(adapter, folder, entry)
+    probes = extraction_probes(list(held_out), config, policy.tokenizer, config.sft.eval_chunks)
+    with tempfile.TemporaryDirectory() as tmp:
+        policy.load_adapter(record.restore(folder, Path(tmp) / "stored"))
+        entry["held_out_stored_bf16"] = extraction_metrics(policy, probes, config.rollout.max_completion_length)
+    (folder / record.RECORD_FILE).write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
+    log.info("shipped %s (hash %s): held-out checks as stored %s", folder, entry["hash"], entry["held_out_stored_bf16"])
+    return entry

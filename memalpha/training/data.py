@@ -1,15 +1,15 @@
 """Training data as the trainer sees it: the prepared dataset's splits, restricted to the run's
-competencies and cut to the chunks a step trains on (`truncate_for_training`, `thin_distractors`)."""
+competencies and cut to the chunks a step trains on (`truncate_for_training`)."""
 
 from __future__ import annotations
 
 import logging
-import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from memalpha.config import RunConfig
 from memalpha.data.schema import Instance
+from memalpha.data.synth import PRESETS, SynthConfig
 from memalpha.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -24,23 +24,23 @@ class TrainingData:
     """Per split: instances dropped because no question stayed answerable from the kept chunks."""
 
 
-def load_training_data(config: RunConfig, tokenizer=None, path: str | Path | None = None) -> TrainingData:
-    """Instances of config.data.train_path by split, restricted to config.data.competencies and truncated
+def load_training_data(config: RunConfig, tokenizer=None, path: str | Path | None = None,
+                       synth: SynthConfig | None = None) -> TrainingData:
+    """Instances of `path` (default data.train_path) by split, restricted to config.data.competencies and truncated
     to data.max_chunks_per_instance (questions whose evidence does not all survive are dropped, then
     instances without a question; truncate_for_training).
 
-    A missing dataset folder is generated first with the seeded synthetic `train` preset (so training
-    works on a fresh machine).
+    A missing dataset folder is generated first with `synth` (default: the seeded synthetic `train`
+    preset), so training works on a fresh machine.
     """
     from memalpha.data.io import read_dataset
 
     path = Path(path or config.data.train_path)
     if not path.exists():
         from memalpha.data.prep import synthesize
-        from memalpha.data.synth import PRESETS
 
-        log.info("dataset %s not found: generating the synthetic training set", path)
-        synth = replace(PRESETS["train"], competencies=tuple(config.data.competencies), seed=config.data.split_seed)
+        log.info("dataset %s not found: generating it (synthetic)", path)
+        synth = synth or replace(PRESETS["train"], competencies=tuple(config.data.competencies), seed=config.data.split_seed)
         synthesize(path, synth, tokenizer=tokenizer or _regex_tokenizer(), data_cfg=config.data,
                    tokenizer_name=getattr(tokenizer, "name_or_path", "regex"))
     wanted = set(config.data.competencies)
@@ -82,18 +82,3 @@ def truncate_for_training(instances: list[Instance], max_chunks: int) -> tuple[l
         if instance.questions:
             kept.append(instance)
     return kept, len(instances) - len(kept)
-
-
-def thin_distractors(instance: Instance, keep_share: float) -> Instance:
-    """The instance with only `keep_share` of its distractor chunks (chunks that no question cites as
-    evidence), a fixed subset per instance, evidence indices renumbered. Unchanged at 1, and when a
-    question's evidence is unknown (distractors cannot be told apart then)."""
-    if keep_share >= 1 or any(q.evidence_chunks is None for q in instance.questions):
-        return instance
-    evidence = {c for q in instance.questions for c in q.evidence_chunks}
-    distractors = [i for i in range(len(instance.chunks)) if i not in evidence]
-    kept_distractors = set(random.Random(instance.instance_id).sample(distractors, round(keep_share * len(distractors))))
-    kept = [i for i in range(len(instance.chunks)) if i in evidence or i in kept_distractors]
-    renumber = {old: new for new, old in enumerate(kept)}
-    questions = [replace(q, evidence_chunks=[renumber[c] for c in q.evidence_chunks]) for q in instance.questions]
-    return replace(instance, chunks=[instance.chunks[i] for i in kept], questions=questions)

@@ -218,8 +218,8 @@ def collect_step_rollouts(
     Each instance is walked along one memory state. At chunk t its one prompt is sampled G times (the G
     identical prompts sit next to each other in the batch), each candidate is stepped on a copy of the
     state and scored with the per-chunk reward (`episode.score_step`), so the G candidates of a group
-    differ only in their action. The state then advances to one candidate (`grpo.step_advance`:
-    a uniformly drawn sampled one keeps the states on-policy, `best` takes the highest reward). After the
+    differ only in their action. The state then advances to a uniformly drawn candidate, which keeps the
+    states on-policy. After the
     last chunk the reader answers from the advanced memory: `qa_scores` report the trajectory's QA; they
     are shared by every candidate of a group, so they would cancel in its advantage and are left out of it.
     """
@@ -246,7 +246,7 @@ def collect_step_rollouts(
                     ))
                     candidates.append(branch)
                 batch.samples.extend(group)
-                pick = _advance(group, config.grpo.step_advance, generator)
+                pick = _advance(group, generator)
                 states[b] = candidates[pick]
                 chosen[b].append(group[pick])
     start = time.perf_counter()
@@ -259,12 +259,8 @@ def collect_step_rollouts(
     return batch
 
 
-def _advance(group: list[Sample], rule: str, generator: torch.Generator | None) -> int:
-    """Which candidate the shared state moves to: the best reward (`best`, the first on ties) or a uniform
-    draw (`sample`)."""
-    if rule == "best":
-        totals = [s.reward.total for s in group]
-        return totals.index(max(totals))
+def _advance(group: list[Sample], generator: torch.Generator | None) -> int:
+    """Which candidate the shared state moves to: a uniform draw (the first without a generator)."""
     if generator is None:
         return 0
     return int(torch.randint(len(group), (1,), generator=generator, device=generator.device))

@@ -46,7 +46,6 @@ from memalpha.training.checkpoint import (
 )
 from memalpha.training.data import (
     load_training_data,
-    thin_distractors,
     truncate_for_training,
 )
 from memalpha.training.generation import left_pad, right_pad, shareable_prefix_length
@@ -154,15 +153,11 @@ class Trainer:
         """Chunks per instance at the coming step under data.chunk_curriculum (0: no curriculum)."""
         return int(self._scheduled(self.config.data.chunk_curriculum, 0))
 
-    def curriculum_distractors(self) -> float:
-        """Share of distractor chunks kept at the coming step under data.distractor_curriculum."""
-        return self._scheduled(self.config.data.distractor_curriculum, 1.0)
-
     def _next_instances(self) -> list[Instance]:
-        """The next B training instances in the epoch's order, thinned and cut by the curricula; an instance
+        """The next B training instances in the epoch's order, cut by the chunk curriculum; an instance
         left without an answerable question is passed over (the data position still moves on)."""
         picked = []
-        chunks, distractors = self.curriculum_chunks(), self.curriculum_distractors()
+        chunks = self.curriculum_chunks()
         passed_over = 0
         while len(picked) < self.config.rollout.instances_per_step:
             order = self._epoch_order(self.epoch)
@@ -173,7 +168,7 @@ class Trainer:
             self.position += 1
             if self.position == len(order):
                 self.epoch, self.position = self.epoch + 1, 0
-            kept, dropped = truncate_for_training([thin_distractors(instance, distractors)], chunks)
+            kept, dropped = truncate_for_training([instance], chunks)
             picked.extend(kept)
             passed_over += dropped
         return picked
@@ -188,7 +183,6 @@ class Trainer:
         # the policy before any update: the baseline the held-out curve starts from
         before = {f"warm_start/{k}": v for k, v in self.validate().items()} if self.step == 0 else {}
         instances = self._next_instances()
-        distractors_kept = self.curriculum_distractors()
         collect = collect_step_rollouts if cfg.sampling == "step" else collect_rollouts
         batch = collect(
             self.policy, instances, self.config, num_generations=self.config.rollout.num_generations,
@@ -220,7 +214,6 @@ class Trainer:
             "throughput/generated_tokens_per_s": batch.generated_tokens / max(batch.generate_s, 1e-9),
             "data/epoch": float(self.epoch),
             "curriculum/chunks_per_instance": float(max(len(i.chunks) for i in instances)),
-            "curriculum/distractors_kept": distractors_kept,
             "data/dropped_instances": float(self.dropped_instances.get("train", 0)),
         })
         step_times = [h["timing/step_s"] for h in self.history if "timing/step_s" in h] + [metrics["timing/step_s"]]

@@ -1,0 +1,121 @@
+"""Adapters of record shipped in the repository: the recipe's warm start and the trained writer.
+
+Each lives in `adapters/<name>/` as a LoRA adapter stored in bf16 (`adapter_model.safetensors`,
+`adapter_config.json`) beside `record.json`: the hash of what determines it, the recipe fields, the data
+it came from and the scores measured on it. A run whose warm start hashes the same copies the shipped
+adapter instead of training it (`memalpha.teacher.warm_start.prepare_warm_start`).
+
+The warm-start hash covers the SFT settings, the policy and its LoRA layout, the memory, retrieval and
+rollout budgets the demonstrations are rendered with, the data selection and seed, the demonstration
+data (its generator settings, or the data file's digest) and the writer's prompt and tool definitions.
+It does not cover the rule writer's code: a change there that alters demonstrations needs
+`make warm-start` by hand (tests/test_episode.py's golden memories catch such changes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memalpha.config import RunConfig
+from memalpha.data.synth import SynthConfig, config_dict
+from memalpha.env.prompts import writer_system_prompt
+from memalpha.env.tools import tool_schemas
+from memalpha.models.loading import repo_root
+
+ADAPTERS = repo_root() / "adapters"
+WARM_START = ADAPTERS / "warm-start"
+WRITER = ADAPTERS / "writer"
+RECORD_FILE = "record.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+CONFIG_FILE = "adapter_config.json"
+
+WARM_START_DATA = SynthConfig(instances=1024, chunks_per_instance=(4,), chunk_tokens=512,
+                              competencies=("accurate_retrieval", "conflict_resolution"), seed=0)
+"""The demonstration data of the recipe (`sft.data_path`, generated when missing):
+`memalpha data synth --instances 1024 --chunks-per-instance 4 --chunk-tokens 512
+--competencies accurate_retrieval,conflict_resolution --seed 0`."""
+
+
+def demonstration_data(config: RunConfig) -> dict[str, Any]:
+    """What the warm start's data is: the generator settings of a synthetic folder, else the digest of
+    its data file; for a missing folder, the settings `prepare_warm_start` generates it with."""
+    path = Path(config.sft.data_path or config.data.train_path)
+    manifest = path / "manifest.json"
+    if manifest.is_file():
+        synth = json.loads(manifest.read_text()).get("synth")
+        if synth:
+            return {"synth": synth}
+        digest = hashlib.sha256((path / "data.parquet").read_bytes()).hexdigest()
+        return {"data_sha256": digest}
+    return {"synth": config_dict(WARM_START_DATA)}
+
+
+def warm_start_fields(config: RunConfig) -> dict[str, Any]:
+    """Everything the warm-start adapter depends on, as plain data (see the module docstring)."""
+    schema = config.memory.schema()
+    sft = config.sft.model_dump(mode="json")
+    sft.pop("data_path")  # the data is described by its content below, not its folder
+    model = config.model.model_dump(mode="json")
+    return {
+        "sft": sft,
+        "model": {k: model[k] for k in ("policy", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")},
+        "memory": config.memory.model_dump(mode="json"),
+        "retrieval": config.retrieval.model_dump(mode="json"),
+        "rollout": {k: getattr(config.rollout, k) for k in ("max_prompt_tokens", "max_completion_length")},
+        "data": {k: getattr(config.data, k) for k in ("competencies", "max_chunks_per_instance", "split_seed", "split_ratios")},
+        "seed": config.grpo.seed,
+        "demonstrations": demonstration_data(config),
+        "prompt": writer_system_prompt(schema),
+        "tools": tool_schemas(schema),
+    }
+
+
+def warm_start_hash(config: RunConfig) -> str:
+    return hashlib.sha256(json.dumps(warm_start_fields(config), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_record(folder: Path) -> dict[str, Any] | None:
+    """The record of a shipped adapter folder, or None when it holds none."""
+    path = Path(folder) / RECORD_FILE
+    return json.loads(path.read_text()) if path.is_file() and (Path(folder) / WEIGHTS_FILE).is_file() else None
+
+
+def ship(adapter: Path, folder: Path, record: dict[str, Any]) -> Path:
+    """Copy `adapter` into `folder` with its weights in bf16 and `record` beside them (written last, so a
+    folder with a record is complete)."""
+    from safetensors.torch import load_file, save_file
+
+    folder = Path(folder)
+    tmp = folder.with_name(f".{folder.name}-tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    weights = load_file(str(Path(adapter) / WEIGHTS_FILE))
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()}, str(tmp / WEIGHTS_FILE))
+    shutil.copy(Path(adapter) / CONFIG_FILE, tmp / CONFIG_FILE)
+    (tmp / RECORD_FILE).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+    return folder
+
+
+def restore(folder: Path, out: Path) -> Path:
+    """A shipped adapter copied into a run's adapter folder, weights back in fp32 (how the trainer keeps LoRA)."""
+    from safetensors.torch import load_file, save_file
+
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}-tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    weights = load_file(str(Path(folder) / WEIGHTS_FILE))
+    save_file({k: v.float().contiguous() for k, v in weights.items()}, str(tmp / WEIGHTS_FILE))
+    shutil.copy(Path(folder) / CONFIG_FILE, tmp / CONFIG_FILE)
+    shutil.copy(Path(folder) / RECORD_FILE, tmp / RECORD_FILE)
+    tmp.rename(out)
+    return out

@@ -1,0 +1,60 @@
+"""Adapters of record: the shipped warm start matches the recipe, is reused when a run's recipe hashes
+the same, is trained when it does not, and survives its bf16 storage."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_rollout import make_dataset, random_adapter, tiny_config  # noqa: F401  (fixture re-export)
+
+from memalpha.config import RunConfig
+from memalpha.teacher import record
+from memalpha.teacher.warm_start import prepare_warm_start
+from memalpha.training.checkpoint import SFT_DIR
+
+
+def test_the_shipped_warm_start_is_the_current_recipes():
+    kept = record.read_record(record.WARM_START)
+    assert kept is not None, f"{record.WARM_START} holds no warm start of record: run `make warm-start`"
+    assert kept["hash"] == record.warm_start_hash(RunConfig()), (
+        "the recipe changed since the shipped warm start was built (its recipe fields: "
+        f"{record.WARM_START / record.RECORD_FILE}): run `make warm-start` and commit adapters/warm-start")
+    assert kept["recipe"] == json.loads(json.dumps(record.warm_start_fields(RunConfig())))
+
+
+def test_a_warm_start_survives_its_bf16_storage_to_bf16_rounding(random_adapter, tmp_path):  # noqa: F811
+    stored = record.ship(random_adapter, tmp_path / "shipped", {"hash": "x"})
+    assert {v.dtype for v in load_file(str(stored / record.WEIGHTS_FILE)).values()} == {torch.bfloat16}
+    restored = load_file(str(record.restore(stored, tmp_path / "run" / "sft") / record.WEIGHTS_FILE))
+    for key, value in load_file(str(random_adapter / record.WEIGHTS_FILE)).items():
+        assert restored[key].dtype == torch.float32
+        assert torch.equal(restored[key], value.to(torch.bfloat16).float())
+
+
+def test_a_run_reuses_the_shipped_warm_start_of_its_recipe_and_trains_another(random_adapter, tmp_path, caplog):  # noqa: F811
+    config = tiny_config(make_dataset(tmp_path / "data"), "sft.enabled=true", "sft.eval_chunks=0")
+    shipped = record.ship(random_adapter, tmp_path / "shipped", {"hash": record.warm_start_hash(config)})
+    with caplog.at_level("INFO"):
+        reused = prepare_warm_start(config, tmp_path / "same", shipped=shipped)
+    assert reused == tmp_path / "same" / SFT_DIR and "reused, not trained" in caplog.text
+    assert not (reused / "sft_result.json").exists()
+    other = config.model_copy(update={"sft": config.sft.model_copy(update={"learning_rate": 1e-3})})
+    assert record.warm_start_hash(other) != record.warm_start_hash(config)
+    trained = prepare_warm_start(other, tmp_path / "other", shipped=shipped)
+    assert json.loads((trained / "sft_result.json").read_text())["steps"] >= 1
+    assert json.loads((trained / "sft_result.json").read_text())["adapter_dir"] == str(trained)
+
+
+@pytest.mark.parametrize("change", ["sft.num_demonstrations=8", "rollout.max_completion_length=64", "model.lora_r=8",
+                                    "memory.writer_view_tokens=512", "grpo.seed=1", "data.competencies=[accurate_retrieval]"])
+def test_what_determines_the_warm_start_changes_its_hash_and_what_does_not_leaves_it(change):
+    from memalpha.config import load_config
+
+    base = record.warm_start_hash(RunConfig())
+    assert record.warm_start_hash(load_config(None, [change])) != base
+    for harmless in ("grpo.steps=3", "grpo.learning_rate=1e-3", "rollout.num_generations=4", "eval.max_instances=2",
+                     "time_budget_minutes=5", "output_dir=elsewhere"):
+        assert record.warm_start_hash(load_config(None, [harmless])) == base
