@@ -70,7 +70,7 @@ def write_results(name: str, results: dict[str, Any], markdown: str, out_dir: Pa
             "platform": platform.platform(),
             "cpus": _cpus(),
             "cpu": _cpu_model(),
-            # CPU training and evaluation ran 2-3x slower on a machine without it (docs/TRAINING.md, run AH)
+            # CPU training and evaluation ran 2-3x slower on a machine without it (docs/PERFORMANCE.md)
             "cpu_native_bf16": cpu_supports_bf16(),
             # the CPU is shared: a load average above the CPU count means the numbers are pessimistic
             "load_average_1m_at_end": round(os.getloadavg()[0], 2),
