@@ -1,6 +1,6 @@
 """Learning benchmark: does the trained writer remember better than its warm start and than RAG?
 
-configs/default.yaml with the settings below (step-level GRPO on synthetic accurate-retrieval and
+The recipe (`RunConfig()`: step-level GRPO on synthetic accurate-retrieval and
 conflict-resolution data). The warm start measures held-out extraction after every SFT epoch and stops
 on a plateau; GRPO then runs until `STEPS` steps or until the time left only fits the final evaluation
 (the whole run stays within `BUDGET_S`). Training data: `TRAIN_INSTANCES` instances from the synthetic
@@ -55,22 +55,15 @@ TRAIN_DATA = ROOT / "data" / ("bench-learning" if CHUNK_TOKENS == 512 else f"ben
 RUN_DIR = ROOT / "runs" / "bench-learning"
 PLOT = ROOT / "bench" / "results" / "learning.png"
 OVERRIDES = [
-    f"output_dir={RUN_DIR}", f"data.train_path={TRAIN_DATA}", f"data.competencies=[{', '.join(COMPETENCIES)}]", "grpo.sampling=step",
-    "grpo.eval_every=5", "grpo.loss_type=dr_grpo", "eval.max_instances=8", "eval.batch_size=16", "sft.epochs=1", "sft.eval_chunks=32",
-    # 192 completion tokens a chunk and 256 demonstrations: 0.385 held-out QA against 0.302 for 96 and 384
-    # in the same hour (runs AF and AE, docs/TRAINING.md)
-    "rollout.max_completion_length=192", "sft.num_demonstrations=256",
-    # demonstrations and held-out checks from all chunks, as tested; GRPO grows from half to all of them
-    f"data.max_chunks_per_instance={TEST_CHUNKS}", f"data.chunk_curriculum=[[0, {TEST_CHUNKS // 2}], [15, {TEST_CHUNKS}]]",
-    # 8 rollouts a step as one group of 8, not two of 4: fewer groups without signal (run S, docs/TRAINING.md)
-    "rollout.instances_per_step=1", "rollout.num_generations=8",
+    f"output_dir={RUN_DIR}", f"data.train_path={TRAIN_DATA}", "eval.max_instances=8",
     # the benchmark spends its own hour (BUDGET_S), not make train's 11 minutes
     "time_budget_minutes=null",
 ]
+"""The benchmark is the recipe (`RunConfig()`, so the shipped warm start is reused) on its own training data."""
 READER_NOTE = {"evidence": " (it answers whenever a gold answer occurs in the context: an upper bound for methods that keep raw text)"}
 RULE_WRITER_BUDGETS = (64, 96, 128, 160, 192, 256)
 """Completion budgets (tokens per chunk) at which the rule writer is also evaluated: what a budget allows."""
-HELD_OUT_KEYS = ("eval/qa", "warm_start/eval/qa", "best/", "guidance/")
+HELD_OUT_KEYS = ("eval/qa", "warm_start/eval/qa", "best/")
 CURVE_KEYS = ("reward", "qa_score", "rewards/coverage/mean", "rewards/retention/mean", "rewards/r2/mean", "rewards/r4/mean",
               "tool_calls/success_rate", "tool_calls/nothing_to_store", "frac_reward_zero_std", "timing/step_s")
 
@@ -96,7 +89,7 @@ def training_data() -> Path:
         return TRAIN_DATA
     tokenizer = str(default_model_dir())
     synthesize(TRAIN_DATA, cfg, tokenizer=load_tokenizer(tokenizer), tokenizer_name=tokenizer,
-               data_cfg=load_config(ROOT / "configs" / "default.yaml").data, overwrite=True)
+               data_cfg=load_config(None).data, overwrite=True)
     return TRAIN_DATA
 
 
@@ -167,8 +160,8 @@ def spread(config, instances, model: Path) -> dict[str, Any]:
 
 def run() -> dict[str, Any]:
     from memalpha.config import load_config
-    from memalpha.training.checkpoint import SFT_DIR, policy_adapter, read_best
     from memalpha.teacher.warm_start import prepare_warm_start
+    from memalpha.training.checkpoint import SFT_DIR, policy_adapter, read_best
     from memalpha.training.trainer import Trainer
 
     started = time.perf_counter()
@@ -177,8 +170,7 @@ def run() -> dict[str, Any]:
         shutil.rmtree(RUN_DIR)  # a fresh run: the curves must start at the warm start
     if REUSE_SFT:
         shutil.copytree(REUSE_SFT, RUN_DIR / SFT_DIR)
-    config = load_config(ROOT / "configs" / "default.yaml", [*OVERRIDES, *EXTRA_OVERRIDES, f"grpo.steps={STEPS}",
-                                                             f"grpo.checkpoint_every={STEPS}"])
+    config = load_config(None, [*OVERRIDES, *EXTRA_OVERRIDES, f"grpo.steps={STEPS}", f"grpo.checkpoint_every={STEPS}"])
     prepare_warm_start(config, RUN_DIR)
     trainer = Trainer(config, RUN_DIR)
     warm_s = time.perf_counter() - started
@@ -241,7 +233,7 @@ def run() -> dict[str, Any]:
         "grpo_steps": trainer.step, "selected_step": best["step"], "selected_validation_qa": best["score"], "curve": curve,
         "targets": targets(trained, warm["qa"], max(trained["qa_spread"], warm["qa_spread"]), rag, trained["stale_answers"]),
         "settings": {
-            "config": "configs/default.yaml", "overrides": OVERRIDES + EXTRA_OVERRIDES, "B": config.rollout.instances_per_step,
+            "config": "RunConfig() (the recipe)", "overrides": OVERRIDES + EXTRA_OVERRIDES, "B": config.rollout.instances_per_step,
             "G": config.rollout.num_generations, "learning_rate": config.grpo.learning_rate,
             "test_instances": len(instances), "test_seed": TEST_SEED, "test_chunks": TEST_CHUNKS, "chunk_tokens": CHUNK_TOKENS,
             "test_questions": sum(len(i.questions) for i in instances), "reader": config.model.reader,
@@ -351,8 +343,7 @@ def to_markdown(results: dict[str, Any]) -> str:
               "![SFT curve, GRPO curve, held-out comparison](learning.png)", "", "## Warm start (held-out extraction per epoch)", "",
               "| epoch | step | evidence recall | valid calls | skip accuracy |", "|---|---|---|---|---|"]
     for e in results["sft_epochs"]:
-        which = f" (seed {e['member']})" if "member" in e else f" (average of {e['soup']})" if "soup" in e else ""
-        lines.append(f"| {e['epoch']}{which} | {e['step']} | {e['evidence_recall']:.3f} | {e['valid_calls']:.3f} | {e['skip_accuracy']:.3f} |")
+        lines.append(f"| {e['epoch']} | {e['step']} | {e['evidence_recall']:.3f} | {e['valid_calls']:.3f} | {e['skip_accuracy']:.3f} |")
     lines += ["", f"## Rule writer by completion budget (tokens a chunk; this run's: {s.get('completion_budget')})", "",
               "| budget | qa | " + " | ".join(COMPETENCIES) + " | memory tokens | stale conflict answers |",
               "|---|---|" + "---|" * len(COMPETENCIES) + "---|---|"]

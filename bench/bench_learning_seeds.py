@@ -41,8 +41,9 @@ WARM_START = os.environ.get("MEMALPHA_BENCH_SEEDS_WARM_START")
 ON_CPU = os.environ.get("MEMALPHA_BENCH_SEEDS_ON_CPU") == "1"
 RUN_ROOT = learning.ROOT / "runs" / "bench-learning-seeds"
 PLOT = learning.ROOT / "bench" / "results" / "learning_seeds.png"
-CONFIG = learning.ROOT / "configs" / "default.yaml"
 CHECKPOINT_EVERY = 10
+CONFIG: Path | None = None
+"""A config file under the overrides (None: the recipe, `RunConfig()`)."""
 BASELINES = ("rule_writer", "rag", "long_context")
 
 
@@ -71,8 +72,8 @@ def tested(cache: Path, evaluate) -> dict[str, Any]:
 
 def train_seed(seed: int, warm_start: Path | None, instances: list) -> dict[str, Any]:
     """One GRPO seed from the warm start: trained to each of STEPS (resumed where it stopped) and tested there."""
-    from memalpha.training.checkpoint import SFT_DIR, checkpoint_dir, policy_adapter
     from memalpha.teacher.warm_start import prepare_warm_start
+    from memalpha.training.checkpoint import SFT_DIR, checkpoint_dir, policy_adapter
     from memalpha.training.trainer import Trainer
 
     config = seed_config(seed)
@@ -151,7 +152,7 @@ def run() -> dict[str, Any]:
         "seeds": {seed: {"tests": s["tests"], "curve": s["curve"]} for seed, s in seeds.items()},
         "targets": targets(by_step[STEPS[-1]], methods["warm_start"], methods["rag"]),
         "settings": {
-            "config": str(CONFIG.relative_to(learning.ROOT)), "overrides": seed_overrides(SEEDS[0]), "seeds": list(SEEDS),
+            "config": str(CONFIG or "RunConfig() (the recipe)"), "overrides": seed_overrides(SEEDS[0]), "seeds": list(SEEDS),
             "steps": list(STEPS), "warm_start": WARM_START or f"trained by seed {SEEDS[0]}'s run",
             "test_instances": len(instances), "test_questions": sum(len(i.questions) for i in instances),
             "test_seed": learning.TEST_SEED, "reader": config.model.reader,

@@ -16,15 +16,19 @@ started=$SECONDS
 name="make-train-$(date -u +%Y%m%d-%H%M%S)"
 log="$REPO/infra/state/$name.log"
 echo "triggering grpo/train as flow run '$name' (output in $log) ..."
-# The flow's progress lines (warm start and GRPO steps with rate and ETA) reach the runner's log; show them here.
+# The terminal shows the flow's progress lines (warm start and GRPO steps with rate and ETA) from the runner's
+# log, without Prefect's prefixes; Prefect's event stream goes to $log and the UI.
 touch "$REPO/infra/state/runner.log"
-tail -n0 -F --pid=$$ "$REPO/infra/state/runner.log" 2>/dev/null | grep --line-buffered -E "warm start (step|epoch)|grpo step" &
+tail -n0 -F --pid=$$ "$REPO/infra/state/runner.log" 2>/dev/null \
+    | grep --line-buffered -E "warm start|grpo step|time budget|block [0-9]+-[0-9]+: checkpoint|registered" \
+    | sed -u -E 's/^.* - (warm start|grpo step|time budget|block|registered)/\1/' &
 follow=$!
 trap 'kill $follow 2>/dev/null || true' EXIT
 set +e
 "$REPO/.venv/bin/prefect" deployment run grpo/train --flow-run-name "$name" \
-    --watch --watch-interval 15 --watch-timeout "${MEMALPHA_TRAIN_TIMEOUT:-3600}" 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
+    --watch --watch-interval 15 --watch-timeout "${MEMALPHA_TRAIN_TIMEOUT:-3600}" >"$log" 2>&1
+status=$?
+echo "flow run: $(grep -E "Completed|Failed|Crashed|Cancelled|TimedOut" "$log" | tail -n1)"
 set -e
 flow_run_id="$(grep -oE 'UUID: *[0-9a-f-]{36}' "$log" | head -n1 | grep -oE '[0-9a-f-]{36}' || true)"
 echo

@@ -36,8 +36,13 @@ def summarize(run_id: str) -> str:
         lines.append(f"validation:  {VALIDATION_KEY} {value:.4f} at step {step}")
         warm = f"warm_start/{VALIDATION_KEY}"
         if warm in run.data.metrics:
-            lines.append(f"held-out QA: warm start {run.data.metrics[warm]:.4f} -> final policy {value:.4f} "
+            lines.append(f"held-out QA: warm start {run.data.metrics[warm]:.4f} -> step {step} {value:.4f} "
                          f"(greedy, validation split, retrieval as in evaluation)")
+        if "best/step" in run.data.metrics:
+            best = int(run.data.metrics["best/step"])
+            which = "the warm start (no GRPO step scored higher)" if best == 0 else f"step {best}"
+            lines.append(f"selected:    {which}, validation QA {run.data.metrics['best/qa_score']:.4f}: "
+                         "the adapter that is checkpointed as best and registered")
     for label, tag in (("time budget:", TIME_BUDGET_TAG), ("run folder:", "memalpha.run_dir"),
                        ("checkpoint:", "memalpha.last_checkpoint"),
                        ("best:", "memalpha.best_checkpoint"), ("model:", "memalpha.registered_model")):

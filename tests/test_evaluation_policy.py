@@ -9,7 +9,6 @@ import polars as pl
 import pytest
 from test_evaluation_methods import _instances  # the shared hand-written fixture
 
-from memalpha.training import rollout
 from memalpha.config import load_config
 from memalpha.env.episode import Episode
 from memalpha.env.parsing import NOTHING_TO_STORE
@@ -18,6 +17,7 @@ from memalpha.evaluation import evaluate, resolve_adapter
 from memalpha.memory.schema import MEMALPHA_SCHEMA
 from memalpha.models.policy import load_policy
 from memalpha.tokens import regex_token_count
+from memalpha.training import rollout
 from memalpha.training.rollout import RolloutBatch, Sample
 
 

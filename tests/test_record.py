@@ -58,3 +58,12 @@ def test_what_determines_the_warm_start_changes_its_hash_and_what_does_not_leave
     for harmless in ("grpo.steps=3", "grpo.learning_rate=1e-3", "rollout.num_generations=4", "eval.max_instances=2",
                      "time_budget_minutes=5", "output_dir=elsewhere"):
         assert record.warm_start_hash(load_config(None, [harmless])) == base
+
+
+def test_a_writer_writes_a_memory_for_a_users_own_conversation(random_adapter, tmp_path):  # noqa: F811
+    from memalpha.evaluation.write import write_memory
+
+    memory = write_memory(random_adapter, ["Maya: I moved to Lisbon last week.", "Maya: I work at a bakery now."],
+                          tiny_config(tmp_path / "data"))
+    assert set(memory) == {"core", "semantic", "episodic"}
+    assert isinstance(memory["core"], str) and all(isinstance(e, str) for e in memory["semantic"] + memory["episodic"])

@@ -217,9 +217,8 @@ def test_sft_loss_weighs_every_completion_token_alike_whatever_the_batch_holds(t
 def test_a_shared_prefix_runs_once_with_the_same_loss_and_gradients(config):
     """Rows that open with the same system prompt: the prefix runs forward once and its cache is reused,
     and the loss and LoRA gradients equal those of the model's own loss over whole rows."""
-    from memalpha.training.generation import MIN_SHARED_PREFIX
-
     from memalpha.teacher.sft import completion_loss, shared_prefix_length
+    from memalpha.training.generation import MIN_SHARED_PREFIX
 
     policy = load_policy(config.model)
     torch.manual_seed(0)

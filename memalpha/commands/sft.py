@@ -24,10 +24,10 @@ def register(subparsers) -> None:
 
 
 def _run(args) -> int:
+    from memalpha.config import SFTConfig
     from memalpha.models.loading import ModelNotPreparedError
     from memalpha.models.policy import AdapterError, load_policy
     from memalpha.progress import SFTProgress
-    from memalpha.config import SFTConfig
     from memalpha.teacher.record import WARM_START_DATA
     from memalpha.teacher.warm_start import ship_warm_start, warm_start
     from memalpha.training.data import load_training_data

@@ -254,7 +254,8 @@ def read_frame(path: str | Path) -> pl.DataFrame:
     if path.is_dir():
         path = path / DATA_FILE
     if not path.is_file():
-        raise DataError(f"{path}: no such file")
+        raise DataError(f"{path}: no such file (make a dataset folder with `memalpha data synth --out DIR`, "
+                        "or `memalpha data prep --source ... --out DIR` from your own data)")
     try:
         return pl.read_parquet(path)
     except Exception as exc:  # polars raises several error types for corrupt/non-parquet files

@@ -22,7 +22,6 @@ from memalpha.evaluation.report import markdown_table, plot_score_vs_length
 from memalpha.evaluation.results import EvalResult, metric_name
 from memalpha.evaluation.runner import Progress, evaluate, policy_tokenizer
 
-
 LENGTH_SEED = 1
 """Generator seed of the length-generalisation instances; the synthetic default (0) trains."""
 
