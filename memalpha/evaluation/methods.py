@@ -340,9 +340,9 @@ def transformers_flavor(folder: Path) -> dict[str, Any]:
 
 
 def resolve_adapter(model: str | Path) -> Path:
-    """The LoRA adapter folder behind `model`: an adapter folder itself, a training checkpoint
-    (`<ckpt>/average` when the run kept a weight average, else `<ckpt>/adapter`), a run folder (the adapter it selected on validation QA, `best/adapter`, else its
-    latest checkpoint's), or a downloaded registered model (the
+    """The LoRA adapter folder behind `model`: an adapter folder itself (a shipped one in `adapters/` too),
+    a training checkpoint (`<ckpt>/adapter`), a run folder (the adapter it selected on validation QA,
+    `best/adapter`, else its latest checkpoint's), or a downloaded registered model (the
     `peft_adaptor` folder its MLmodel names). MLflow URIs are resolved by the tasks layer, not here."""
     text = str(model)
     if text.startswith(_URI_SCHEMES):

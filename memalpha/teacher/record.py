@@ -97,7 +97,11 @@ def ship(adapter: Path, folder: Path, record: dict[str, Any]) -> Path:
     tmp.mkdir(parents=True)
     weights = load_file(str(Path(adapter) / WEIGHTS_FILE))
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()}, str(tmp / WEIGHTS_FILE))
-    shutil.copy(Path(adapter) / CONFIG_FILE, tmp / CONFIG_FILE)
+    adapter_config = json.loads((Path(adapter) / CONFIG_FILE).read_text())
+    base = adapter_config.get("base_model_name_or_path")
+    if base:  # a local cache path means nothing on another machine: keep the policy's name
+        adapter_config["base_model_name_or_path"] = Path(base).name
+    (tmp / CONFIG_FILE).write_text(json.dumps(adapter_config, indent=2) + "\n")
     (tmp / RECORD_FILE).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     if folder.exists():
         shutil.rmtree(folder)
