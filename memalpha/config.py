@@ -133,7 +133,8 @@ class DataConfig(_Section):
     """Truncate instances to this many chunks for training (0 = all)."""
     chunk_curriculum: list[tuple[int, int]] = [(0, 2), (15, 4)]
     """Curriculum as (first GRPO step, chunks per instance) pairs: from that step on, training instances
-    are cut to that many chunks (answerable questions only). Empty: off. Half the chunks first halves
+    are cut to that many chunks (answerable questions only; never more than max_chunks_per_instance).
+    Empty: off. Half the chunks first halves
     the early steps' time."""
     max_answer_tokens: int = Field(64, ge=1)
     """Validation: longest gold answer (tokens); long-range answers that are whole summaries are exempt."""
@@ -329,14 +330,8 @@ class RunConfig(_Section):
         starts = [start for start, _ in self.data.chunk_curriculum]
         if starts and (starts[0] != 0 or starts != sorted(set(starts))):
             raise ValueError(f"data.chunk_curriculum: first steps must start at 0 and increase, got {starts}")
-        schedule = self.data.chunk_curriculum
-        if schedule:
-            cap = self.data.max_chunks_per_instance
-            if cap and any(chunks > cap for _, chunks in schedule):
-                raise ValueError(f"data.chunk_curriculum asks for up to {max(c for _, c in schedule)} chunks but "
-                                 f"data.max_chunks_per_instance={cap} cuts instances to {cap}")
-            if any(chunks < 1 for _, chunks in schedule):
-                raise ValueError("data.chunk_curriculum: chunks per instance must be at least 1")
+        if any(chunks < 1 for _, chunks in self.data.chunk_curriculum):
+            raise ValueError("data.chunk_curriculum: chunks per instance must be at least 1")
         return self
 
     def flat(self) -> dict[str, Any]:

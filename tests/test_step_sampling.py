@@ -117,7 +117,7 @@ def test_the_chunk_curriculum_grows_instances_over_steps(tmp_path, random_adapte
 
 @pytest.mark.parametrize("kind, schedule, message", [
     ("chunk", "[[1, 1]]", "start at 0"), ("chunk", "[[0, 2], [0, 3]]", "increase"),
-    ("chunk", "[[0, 4]]", "max_chunks_per_instance=2"),
+    ("chunk", "[[0, 0]]", "at least 1"),
 ])
 def test_a_curriculum_the_data_cannot_follow_is_refused(kind, schedule, message):
     from memalpha.config import ConfigError, load_config
