@@ -149,7 +149,10 @@ def test_plots_and_summary(store):
     summary = summarize(run_id)
     assert "3 logged (1..3)" in summary
     assert "reward: start 0.1000 (step 1) -> end 0.3000 (step 3)" in summary
-    assert "held-out QA: warm start 0.1250 -> final policy 0.2500" in summary
+    assert "held-out QA: warm start 0.1250 -> step 3 0.2500" in summary
+    assert "selected:" not in summary  # no best step logged yet
+    tracking.log_step_metrics(run_id, 3, {"best/step": 0.0, "best/qa_score": 0.125}, tracking.now_ms())
+    assert "selected:    the warm start (no GRPO step scored higher), validation QA 0.1250" in summarize(run_id)
     assert "time budget" not in summary
     tracking.set_tags(run_id, {tracking.TIME_BUDGET_TAG: "11 min spent: stopped after step 3 of 5"})
     assert "time budget: 11 min spent: stopped after step 3 of 5" in summarize(run_id)
