@@ -174,10 +174,10 @@ def test_length_generalisation_grows_inputs(config):
 
 def test_every_context_respects_the_same_budget(config):
     from memalpha.evaluation.methods import EvalEnv, make_method
-    from memalpha.evaluation.runner import _counter, policy_tokenizer
+    from memalpha.evaluation.runner import policy_tokenizer, token_counter
 
     tight = config.model_copy(update={"memory": config.memory.model_copy(update={"reader_view_tokens": 64})})
-    count = _counter(policy_tokenizer(tight)[0])
+    count = token_counter(policy_tokenizer(tight)[0])
     env = EvalEnv(tight, count)
     for name in ("no_memory", "long_context", "rag", "rule_writer"):
         for built in make_method(name, env).build(_instances(), seed=0):

@@ -83,7 +83,7 @@ def policy_tokenizer(config: RunConfig) -> tuple[Any, str]:
         return regex_token_count, "regex (policy tokenizer unavailable)"
 
 
-def _counter(tokenizer: Any) -> TokenCounter:
+def token_counter(tokenizer: Any) -> TokenCounter:
     return tokenizer if tokenizer is regex_token_count else tokenizer_counter(tokenizer)
 
 
@@ -96,7 +96,7 @@ def _check_methods(methods: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(methods))
 
 
-class _ReaderHolder:
+class LazyReader:
     """The shared reader, built on first use (the local reader loads the frozen base policy)."""
 
     def __init__(self, config: RunConfig):
@@ -127,13 +127,20 @@ def run_method(
     """Build, answer and score one method for one seed; returns (question rows, instance rows, memories)."""
     started = time.perf_counter()
     built: list[Built] = method.build(instances, seed)
-    build_total = time.perf_counter() - started
+    return answer_built(method.name, instances, seed, built, time.perf_counter() - started, reader, config, input_tokens)
+
+
+def answer_built(
+    method: str, instances: list[Instance], seed: int, built: list[Built], build_total: float, reader: Reader,
+    config: RunConfig, input_tokens: list[int],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Answer and score the contexts one method built (so that several readers can read one build)."""
     if len(built) != len(instances):
-        raise RuntimeError(f"method {method.name} built {len(built)} contexts for {len(instances)} instances")
+        raise RuntimeError(f"method {method} built {len(built)} contexts for {len(instances)} instances")
     items = []
     for inst, result in zip(instances, built):
         if len(result.contexts) != len(inst.questions):
-            raise RuntimeError(f"method {method.name}: {len(result.contexts)} contexts for {len(inst.questions)} questions of {inst.instance_id}")
+            raise RuntimeError(f"method {method}: {len(result.contexts)} contexts for {len(inst.questions)} questions of {inst.instance_id}")
         items.extend(ReaderItem(context, q) for context, q in zip(result.contexts, inst.questions))
     started = time.perf_counter()
     predictions = reader.answer(items) if items else []
@@ -141,7 +148,7 @@ def run_method(
     question_rows: list[dict[str, Any]] = []
     instance_rows: list[dict[str, Any]] = []
     memories = [
-        {"method": method.name, "seed": seed, "instance_id": inst.instance_id, "memory": result.memory}
+        {"method": method, "seed": seed, "instance_id": inst.instance_id, "memory": result.memory}
         for inst, result in zip(instances, built) if result.memory is not None
     ]
     position = 0
@@ -150,7 +157,7 @@ def run_method(
             prediction = predictions[position]
             position += 1
             question_rows.append({
-                "method": method.name, "seed": seed, "instance_id": inst.instance_id, "data_source": inst.data_source,
+                "method": method, "seed": seed, "instance_id": inst.instance_id, "data_source": inst.data_source,
                 "competency": inst.competency, "input_tokens": tokens, "question_id": q.question_id,
                 "question_type": q.question_type, "question": q.question, "prediction": prediction,
                 "score": _score(config, q, prediction),
@@ -158,7 +165,7 @@ def run_method(
         share = len(inst.questions) / len(items) if items else 0.0
         build_seconds = result.seconds if result.seconds else build_total / len(instances)
         instance_rows.append({
-            "method": method.name, "seed": seed, "instance_id": inst.instance_id, "data_source": inst.data_source,
+            "method": method, "seed": seed, "instance_id": inst.instance_id, "data_source": inst.data_source,
             "competency": inst.competency, "num_chunks": len(inst.chunks), "num_questions": len(inst.questions),
             "input_tokens": tokens, "memory_tokens": result.memory_tokens,
             "compression": compression(result.memory_tokens, tokens), "tool_calls": result.tool_calls,
@@ -208,8 +215,8 @@ def evaluate(
     tokenizer, counter_name = policy_tokenizer(config)
     batch_counts = TokenCounts(tokenizer)
     input_tokens = [sum(batch_counts.counts(inst.chunks)) if inst.chunks else 0 for inst in instances]
-    env = EvalEnv(config, _counter(tokenizer), progress=progress)
-    reader = _ReaderHolder(config)
+    env = EvalEnv(config, token_counter(tokenizer), progress=progress)
+    reader = LazyReader(config)
     question_rows: list[dict[str, Any]] = []
     instance_rows: list[dict[str, Any]] = []
     memories: list[dict[str, Any]] = []
