@@ -18,7 +18,9 @@ Each test result is kept per reader beside its run (`test-<instances>/<reader>/<
 interrupted job continues where it stopped and a new reader only adds its own answers. About 2 hours on a
 2-core CPU (3 seeds x 20 steps of ~1 min, 8 builds of ~4 min, the local reader ~1 min a method), so on a
 CPU it is skipped unless `MEMALPHA_BENCH_LEARNING_ON_CPU=1`. Writes learning.json, learning.md and
-learning.png (the GRPO curve per seed, the final comparison under each reader).
+learning.png (the GRPO curve per seed, the final comparison under each reader). With
+`MEMALPHA_BENCH_LEARNING_SHIP=1` the seed with the best validation QA (the lowest seed on a tie) is shipped
+as adapters/writer, its record holding its test results under each reader.
 
     MEMALPHA_BENCH_LEARNING_ON_CPU=1 python -m bench.run_all learning
 """
@@ -43,6 +45,8 @@ TEST_INSTANCES = int(os.environ.get("MEMALPHA_BENCH_LEARNING_TEST_INSTANCES", "4
 WARM_START = Path(os.environ.get("MEMALPHA_BENCH_LEARNING_WARM_START", ROOT / "adapters" / "warm-start"))
 ON_CPU = os.environ.get("MEMALPHA_BENCH_LEARNING_ON_CPU") == "1"
 READERS = tuple(os.environ.get("MEMALPHA_BENCH_LEARNING_READERS", "evidence local").split())
+SHIP = os.environ.get("MEMALPHA_BENCH_LEARNING_SHIP") == "1"
+"""Ship the seed with the best validation QA as adapters/writer (the trained writer of record)."""
 EXTRA_OVERRIDES = os.environ.get("MEMALPHA_BENCH_LEARNING_OVERRIDES", "").split()
 """Space-separated `key=value` overrides applied after the benchmark's own (a setting to compare)."""
 CONFIG: Path | None = None
@@ -304,8 +308,31 @@ def run() -> dict[str, Any]:
             "total_seconds_this_run": round(time.perf_counter() - started, 1),
         },
     }
+    if SHIP:
+        results["shipped"] = ship_writer(config, curves, seeds)
     plot(results)
     return results
+
+
+def ship_writer(config, curves: dict[int, list[dict[str, Any]]], tests: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Ship the seed with the best validation QA at the last step as adapters/writer; returns its record."""
+    from memalpha.teacher import record
+    from memalpha.training.checkpoint import checkpoint_dir, policy_adapter
+
+    validation = {seed: curve[-1].get("validation_qa", float("-inf")) for seed, curve in curves.items()}
+    best = max(validation, key=lambda seed: (validation[seed], -seed))
+    seed_config_ = seed_config(best)
+    entry = {
+        "seed": best, "step": STEPS, "validation_qa": validation[best], "validation_qa_seeds": validation,
+        "warm_start_hash": record.warm_start_hash(seed_config(SEEDS[0])),
+        "grpo": seed_config_.grpo.model_dump(mode="json"), "rollout": seed_config_.rollout.model_dump(mode="json"),
+        "data": f"bench/bench_learning.py training data: {TRAIN_INSTANCES} synthetic instances, {TEST_CHUNKS} chunks of "
+                f"{CHUNK_TOKENS} tokens, seed {TRAIN_SEED}",
+        "test": {reader: {k: v for k, v in result.items() if not k.endswith("seconds")} for reader, result in tests[best].items()},
+        "test_set": f"{TEST_INSTANCES} instances generated with seed {TEST_SEED}, greedy",
+    }
+    record.ship(policy_adapter(checkpoint_dir(RUN_ROOT / f"seed{best}", STEPS)), record.WRITER, entry)
+    return {"seed": best, "validation_qa": validation[best]}
 
 
 def plot(results: dict[str, Any]) -> None:

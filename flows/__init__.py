@@ -1,5 +1,5 @@
-"""Prefect flows: `prep`, `grpo` (deployment `train`), `evaluate` (deployment `nightly`) and `sweep`.
-Flows call tasks (tasks/), tasks call the domain library (memalpha/); deployments live in
+"""Prefect flows: `prep`, `grpo` (deployment `train`), `writer` (deployment `register`), `evaluate`
+(deployment `nightly`) and `sweep`. Flows call tasks (tasks/), tasks call the domain library (memalpha/); deployments live in
 flows/deployments.py."""
 
 from __future__ import annotations

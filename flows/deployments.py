@@ -48,6 +48,7 @@ class DeploymentSpec:
 
 DEPLOYMENTS = (
     DeploymentSpec("flows/grpo.py:grpo", "grpo", "train", "GRPO training run on a RunConfig"),
+    DeploymentSpec("flows/grpo.py:register_writer", "writer", "register", "Register the shipped trained writer as a model version"),
     DeploymentSpec("flows/evaluate.py:evaluate", "evaluate", "nightly", "Evaluate the champion on the held-out set", nightly=True),
     DeploymentSpec("flows/prep.py:prep", "prep", "prep", "Prepare a dataset: load, chunk, validate, split, write"),
     DeploymentSpec("flows/sweep.py:sweep", "sweep", "sweep", "Reward weightings (beta, gamma) as MLflow child runs"),

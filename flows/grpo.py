@@ -1,4 +1,5 @@
-"""Flow `grpo` (deployment `train`): warm start, then GRPO in checkpointed blocks, then register the adapter."""
+"""Flow `grpo` (deployment `train`): warm start, then GRPO in checkpointed blocks, then register the adapter.
+Flow `writer` (deployment `register`): register a shipped writer through the same registration path."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from flows import default_config, repo_path
 from memalpha.config import RunConfig
 from tasks import tracking
 from tasks.train import (
+    adopt_shipped_writer,
     block_bounds,
     close_run,
     open_run,
@@ -18,6 +20,9 @@ from tasks.train import (
     train_block,
     warm_start,
 )
+
+
+SHIPPED_WRITER = "adapters/writer"
 
 
 def run_dir_for(config: RunConfig, flow_run_id: str) -> Path:
@@ -62,3 +67,25 @@ def grpo(config: RunConfig = default_config(), parent_run_id: str | None = None,
         raise
     close_run(run_id, config=config)
     return {"run_id": run_id, "run_dir": str(run_dir), "checkpoint": block and block["checkpoint"], "model": model}
+
+
+@flow(name="writer")
+def register_writer(config: RunConfig = default_config(), adapter: str = SHIPPED_WRITER) -> dict:
+    """Register a shipped writer (default: the trained writer of record) as `grpo/train` registers a
+    trained run's: an MLflow run holding its record and test scores, the model logged and registered as a
+    new version, `champion` when its validation score beats the current champion's."""
+    logger = get_run_logger()
+    flow_run_id = str(runtime.flow_run.id)
+    run_dir = run_dir_for(config, flow_run_id)
+    tags = {"prefect.flow_run_id": flow_run_id, "prefect.flow_run_name": str(runtime.flow_run.name),
+            "prefect.deployment": str(runtime.deployment.name or ""), "memalpha.shipped_adapter": adapter}
+    run_id = open_run(config, str(run_dir), tags)
+    logger.info("MLflow run %s for the shipped writer %s", tracking.run_url(run_id), adapter)
+    try:
+        kept = adopt_shipped_writer(str(run_dir), run_id, str(repo_path(adapter)))
+        model = register_model(config, str(run_dir), run_id, str(run_dir), True)
+    except BaseException:
+        close_run(run_id, "FAILED")
+        raise
+    close_run(run_id, config=config)
+    return {"run_id": run_id, "run_dir": str(run_dir), "step": kept["step"], "model": model}

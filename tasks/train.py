@@ -25,6 +25,7 @@ from memalpha.config import GRPOConfig, RunConfig
 from memalpha.training.checkpoint import (
     ADAPTER,
     BEST,
+    adopt_best,
     checkpoint_dir,
     policy_adapter,
     read_best,
@@ -318,6 +319,29 @@ def _champion_score(client, name: str) -> float | None:
         return None
     score = version.tags.get("validation_score")
     return float(score) if score is not None else None
+
+
+@task(name="adopt-shipped-writer", cache_policy=NO_CACHE)
+def adopt_shipped_writer(run_dir: str, run_id: str, adapter: str) -> dict[str, Any]:
+    """A shipped writer (`adapters/writer`) as the selected adapter of `run_dir` (fp32, with the validation
+    score of its record), its record's test scores logged to the run; returns the record."""
+    from memalpha.errors import UserError
+    from memalpha.teacher import record
+
+    kept = record.read_record(Path(adapter))
+    if kept is None:
+        raise UserError(f"{adapter}: not a shipped adapter (needs {record.WEIGHTS_FILE} and {record.RECORD_FILE})")
+    for field in ("step", "validation_qa"):
+        if not isinstance(kept.get(field), (int, float)):
+            raise UserError(f"{Path(adapter) / record.RECORD_FILE}: field {field!r} must be a number, got {kept.get(field)!r}")
+    path = Path(run_dir)
+    if read_best(path) is None:
+        adopt_best(path, record.restore(Path(adapter), path / "shipped"), kept["step"], kept["validation_qa"])
+    metrics = {f"test/{reader}/{key}": float(value) for reader, result in kept.get("test", {}).items()
+               for key, value in result.items() if isinstance(value, (int, float))}
+    tracking.log_step_metrics(run_id, kept["step"], {**metrics, tracking.VALIDATION_KEY: kept["validation_qa"]}, tracking.now_ms())
+    tracking.configure().log_text(run_id, json.dumps(kept, indent=1), "shipped/record.json")
+    return kept
 
 
 @task(name="register-model", cache_policy=NO_CACHE, retries=1)

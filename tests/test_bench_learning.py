@@ -15,6 +15,7 @@ from bench import bench_learning as learning
 from memalpha.data.schema import Instance, Question
 from memalpha.memory import MemoryStore
 from memalpha.memory.schema import MEMALPHA_SCHEMA
+from memalpha.teacher import record
 from memalpha.training.checkpoint import checkpoint_dir
 from memalpha.training.trainer import Trainer
 
@@ -126,6 +127,8 @@ def test_two_tiny_seeds_are_read_by_both_readers_from_one_build_and_resume_witho
     monkeypatch.setattr(learning, "TRAIN_DATA", data)
     monkeypatch.setattr(learning, "training_data", lambda: data)
     monkeypatch.setattr(learning, "EXTRA_OVERRIDES", ["data.competencies=[accurate_retrieval]", "sft.eval_chunks=2"])
+    monkeypatch.setattr(learning, "SHIP", True)
+    monkeypatch.setattr(record, "WRITER", tmp_path / "shipped-writer")
     builds = []
     compare = learning.compare
     monkeypatch.setattr(learning, "compare", lambda config, instances, method, readers, model=None:
@@ -148,6 +151,11 @@ def test_two_tiny_seeds_are_read_by_both_readers_from_one_build_and_resume_witho
     assert (runs / "seed0" / weights).read_bytes() == (runs / "seed1" / weights).read_bytes() == \
         (runs / "warm-start" / weights).read_bytes()  # one warm start for every seed
     assert json.loads((runs / "seed1" / "test-2" / "local" / "step-2.json").read_text()) == results["readers"]["local"]["trained_seed1"]
+    validation = {seed: results["curves"][seed][-1]["validation_qa"] for seed in (0, 1)}
+    shipped = record.read_record(tmp_path / "shipped-writer")
+    assert shipped["seed"] == results["shipped"]["seed"] == (1 if validation[1] > validation[0] else 0)
+    assert shipped["validation_qa"] == validation[shipped["seed"]] and shipped["step"] == 2
+    assert shipped["test"]["local"]["qa"] == results["readers"]["local"][f"trained_seed{shipped['seed']}"]["qa"]
 
     # seed 1 stopped after step 1 and the local reader's answers of RAG were lost: seed 1 trains its last step
     # again from its step-1 checkpoint, both readers read its new adapter, RAG is rebuilt for the local reader only

@@ -12,9 +12,9 @@ from memalpha.config import RunConfig, load_config
 def test_every_deployment_is_declared_once_with_the_nightly_cron(monkeypatch):
     monkeypatch.delenv("MEMALPHA_NIGHTLY_CRON", raising=False)
     built = {d.flow_name + "/" + d.name: d for d in runner_deployments()}
-    assert set(built) == {spec.full_name for spec in DEPLOYMENTS} == {"grpo/train", "evaluate/nightly", "prep/prep", "sweep/sweep"}
+    assert set(built) == {spec.full_name for spec in DEPLOYMENTS} == {"grpo/train", "writer/register", "evaluate/nightly", "prep/prep", "sweep/sweep"}
     crons = {name: [s.schedule.cron for s in (d.schedules or [])] for name, d in built.items()}
-    assert crons == {"grpo/train": [], "evaluate/nightly": ["0 2 * * *"], "prep/prep": [], "sweep/sweep": []}
+    assert crons == {"grpo/train": [], "writer/register": [], "evaluate/nightly": ["0 2 * * *"], "prep/prep": [], "sweep/sweep": []}
     monkeypatch.setenv("MEMALPHA_NIGHTLY_CRON", "30 3 * * 1")
     nightly = next(d for d in runner_deployments() if d.name == "nightly")
     assert [s.schedule.cron for s in nightly.schedules] == ["30 3 * * 1"]

@@ -284,3 +284,24 @@ def test_nightly_evaluates_the_champion(stack, trained):
     assert run.data.tags["prefect.deployment"] == "nightly" and run.data.tags["memalpha.regressed"] == "False"
     assert {"policy/score", "no_memory/score"} <= set(run.data.metrics)
     assert {"report/results.md", "report/regression.md"} <= {a.path for a in client.list_artifacts(run.info.run_id, "report")}
+
+
+def test_the_shipped_writer_is_registered_through_the_training_registration_path(stack):
+    from mlflow.tracking import MlflowClient
+
+    from memalpha.teacher import record
+
+    kept = record.read_record(record.WRITER)
+    config = load_config(None, [f"output_dir={stack['tmp'] / 'writer-runs'}", "tracking.experiment=integration-writer",
+                                "tracking.registered_model=integration-writer"]).model_dump(mode="json")
+    flow_run_id = run_deployment(stack, "writer/register", {"config": config})
+
+    client = MlflowClient(stack["env"]["MLFLOW_TRACKING_URI"], registry_uri=stack["env"]["MLFLOW_TRACKING_URI"])
+    champion = client.get_model_version_by_alias("integration-writer", "champion")  # the first version is the champion
+    assert champion.tags["step"] == str(kept["step"]) and float(champion.tags["validation_score"]) == kept["validation_qa"]
+    run = client.get_run(champion.run_id)
+    assert run.data.tags["prefect.flow_run_id"] == flow_run_id and run.info.status == "FINISHED"
+    assert run.data.tags["memalpha.shipped_adapter"] == "adapters/writer"
+    assert run.data.metrics["test/evidence/qa"] == kept["test"]["evidence"]["qa"]
+    logged = client.download_artifacts(run.info.run_id, "shipped/record.json", str(stack["tmp"]))
+    assert json.loads(Path(logged).read_text()) == kept

@@ -106,12 +106,21 @@ def save_checkpoint(
 def save_best(run_dir: Path, policy, step: int, score: float) -> Path:
     """Replace run_dir/best with the policy's adapter and its held-out score; the old one stays whole
     until the new one is complete."""
+    return _replace_best(run_dir, policy.save_adapter, step, score)
+
+
+def adopt_best(run_dir: Path, adapter: Path, step: int, score: float) -> Path:
+    """Make an adapter folder trained elsewhere (a shipped writer) run_dir/best, with its held-out score."""
+    return _replace_best(run_dir, lambda out: shutil.copytree(adapter, out), step, score)
+
+
+def _replace_best(run_dir: Path, write_adapter, step: int, score: float) -> Path:
     final = Path(run_dir) / BEST
     tmp = final.with_name(f".tmp-{BEST}-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    policy.save_adapter(tmp / ADAPTER)
+    write_adapter(tmp / ADAPTER)
     (tmp / BEST_FILE).write_text(json.dumps({"step": step, "score": score}))
     old = final.with_name(f".old-{BEST}-{os.getpid()}")
     if final.exists():
