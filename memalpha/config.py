@@ -280,6 +280,10 @@ class EvalConfig(_Section):
     """Raw chunks retrieved for the RAG baseline (k=2 as in the paper), within the same reader budget."""
     batch_size: int = Field(16, ge=1)
     """Instances whose memories a policy method writes in one batched rollout."""
+    ray_workers: int = Field(0, ge=0)
+    """Spread each method's instances over this many Ray workers (whole batches each); 0 = no Ray."""
+    ray_address: str = ""
+    """Ray cluster for `ray_workers` (`auto`, `ray://host:10001`); empty = a local instance on 127.0.0.1."""
     regression_threshold: float = Field(0.05, ge=0)
     """A drop of a watched score larger than this versus the previous nightly run is a regression."""
     regression_keys: list[str] = ["policy/score"]

@@ -246,7 +246,7 @@ def test_train_deployment_resumes_after_injected_failure(stack, trained):
     assert champion.tags["adapter"].endswith("best/adapter")
 
 
-def test_sweep_logs_child_runs_under_one_parent(stack, dataset):
+def test_sweep_runs_its_children_on_ray_under_one_parent(stack, dataset):
     from mlflow.tracking import MlflowClient
 
     config = tiny_config(stack["tmp"])
@@ -254,7 +254,9 @@ def test_sweep_logs_child_runs_under_one_parent(stack, dataset):
     config["grpo"].update({"steps": 1, "checkpoint_every": 1, "eval_every": 1})
     config["sft"]["enabled"] = False
     config["tracking"]["experiment"] = "integration-sweep"
-    flow_run_id = run_deployment(stack, "sweep/sweep", {"config": config, "betas": [0.0, 0.2], "gammas": [0.1]})
+    # the two children at once on a local Ray with 2 workers
+    flow_run_id = run_deployment(stack, "sweep/sweep", {"config": config, "betas": [0.0, 0.2], "gammas": [0.1],
+                                                        "ray_workers": 2})
 
     client = MlflowClient(stack["env"]["MLFLOW_TRACKING_URI"], registry_uri=stack["env"]["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("integration-sweep")
@@ -263,7 +265,9 @@ def test_sweep_logs_child_runs_under_one_parent(stack, dataset):
     grid = sorted((float(c.data.params["reward.beta"]), float(c.data.params["reward.gamma"])) for c in children)
     assert grid == [(0.0, 0.1), (0.2, 0.1)]
     assert all(c.info.status == "FINISHED" and "reward" in c.data.metrics for c in children)
-    assert parent.data.tags["memalpha.children"].count(",") == 1
+    assert parent.data.tags["memalpha.children"].count(",") == 1 and parent.info.status == "FINISHED"
+    started, ended = zip(*sorted((c.info.start_time, c.info.end_time) for c in children))
+    assert started[1] < ended[0]  # concurrent: the second child started before the first ended
     for child in children:  # sweep runs are compared, not registered
         assert not client.search_model_versions(f"run_id = '{child.info.run_id}'")
 

@@ -33,6 +33,10 @@ def register(subparsers) -> None:
     parser.add_argument("--compare", metavar="DIR",
                         help="a previous report folder: fail (exit 1) if a watched metric regressed beyond "
                         "eval.regression_threshold")
+    parser.add_argument("--ray-workers", type=int, metavar="N",
+                        help="spread each method's instances over N Ray workers (default: eval.ray_workers, 0 = no Ray)")
+    parser.add_argument("--ray-address", metavar="ADDRESS",
+                        help="a running Ray cluster (`auto`, `ray://host:10001`); default: a local Ray on 127.0.0.1")
     parser.add_argument("--config", help="YAML config file (default: embedded defaults)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     parser.set_defaults(handler=_run)
@@ -62,6 +66,10 @@ def _run(args) -> int:
         overrides.append(f"eval.split={args.split}")
     if args.max_instances is not None or args.split == "all":
         overrides.append(f"eval.max_instances={args.max_instances if args.max_instances is not None else 0}")
+    if args.ray_workers is not None:
+        overrides.append(f"eval.ray_workers={args.ray_workers}")
+    if args.ray_address is not None:
+        overrides.append(f"eval.ray_address={args.ray_address}")
     config = load_config(args.config, overrides)
     previous = _previous_metrics(args.compare) if args.compare else None
     model = resolve_adapter(args.model) if args.model else None

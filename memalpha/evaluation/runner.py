@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -15,6 +16,7 @@ from memalpha.data.chunking import TokenCounts
 from memalpha.data.io import read_dataset
 from memalpha.data.schema import Instance
 from memalpha.errors import UserError
+from memalpha.evaluation.cluster import ray_session, run_method_on_ray
 from memalpha.evaluation.methods import Built, EvalEnv, Method, make_method
 from memalpha.evaluation.results import INSTANCE_COLUMNS, QUESTION_COLUMNS, EvalResult
 from memalpha.models.readers import Reader, ReaderItem, make_reader
@@ -175,6 +177,31 @@ def answer_built(
     return question_rows, instance_rows, memories
 
 
+def _run_one(name: str, env: EvalEnv, model_uri, instances: list[Instance], seeds: list[int], reader: LazyReader,
+             config: RunConfig, input_tokens: list[int], out: tuple[list, list, list], say: Progress) -> float:
+    """Run one method for each of its seeds (on Ray workers when `eval.ray_workers`), appending its rows to
+    `out`; returns its seconds."""
+    started = time.perf_counter()
+    method = make_method(name, env, model_uri)
+    question_rows, instance_rows, memories = out
+    try:
+        for seed in seeds if method.stochastic else seeds[:1]:
+            if config.eval.ray_workers:
+                q_rows, i_rows, built_memories = run_method_on_ray(config, name, model_uri, instances, seed, input_tokens)
+            else:
+                q_rows, i_rows, built_memories = run_method(method, instances, seed, reader.get(), config, input_tokens)
+            question_rows.extend(q_rows)
+            instance_rows.extend(i_rows)
+            memories.extend(built_memories)
+            score = sum(r["score"] for r in q_rows) / len(q_rows) if q_rows else float("nan")
+            memory = sum(r["memory_tokens"] for r in i_rows) / len(i_rows) if i_rows else 0.0
+            say(f"  {name:<12} seed {seed}: mean question score {score:.3f}, memory {memory:,.0f} tokens, "
+                f"{time.perf_counter() - started:.1f} s")
+    finally:
+        method.close()
+    return time.perf_counter() - started
+
+
 def evaluate(
     config: RunConfig,
     data_dir: str | Path | None = None,
@@ -223,22 +250,10 @@ def evaluate(
     timings: dict[str, float] = {}
     say(f"evaluating {len(instances)} instances ({sum(len(i.questions) for i in instances)} questions, "
         f"{sum(input_tokens):,} input tokens) with methods {', '.join(method_names) or '(none)'}")
-    for name in method_names:
-        started = time.perf_counter()
-        method = make_method(name, env, model_uri)
-        try:
-            for seed in seeds if method.stochastic else seeds[:1]:
-                q_rows, i_rows, built_memories = run_method(method, instances, seed, reader.get(), config, input_tokens)
-                question_rows.extend(q_rows)
-                instance_rows.extend(i_rows)
-                memories.extend(built_memories)
-                score = sum(r["score"] for r in q_rows) / len(q_rows) if q_rows else float("nan")
-                memory = sum(r["memory_tokens"] for r in i_rows) / len(i_rows) if i_rows else 0.0
-                say(f"  {name:<12} seed {seed}: mean question score {score:.3f}, memory {memory:,.0f} tokens, "
-                    f"{time.perf_counter() - started:.1f} s")
-        finally:
-            method.close()
-        timings[name] = time.perf_counter() - started
+    with ray_session(config.eval.ray_address, config.eval.ray_workers) if config.eval.ray_workers else nullcontext():
+        for name in method_names:
+            timings[name] = _run_one(name, env, model_uri, instances, seeds, reader, config, input_tokens,
+                                     (question_rows, instance_rows, memories), say)
     info = {
         "data": data_source,
         "split": config.eval.split,
@@ -255,6 +270,8 @@ def evaluate(
         "token_counter": counter_name,
         "qa_metric": config.reward.qa_metric,
         "method_seconds": timings,
+        "workers": (f"{config.eval.ray_workers} Ray workers ({config.eval.ray_address or 'local, 127.0.0.1'})"
+                    if config.eval.ray_workers else "this process"),
     }
     return EvalResult(
         questions=pl.DataFrame(question_rows, schema=QUESTION_COLUMNS),
