@@ -119,7 +119,7 @@ def compare(config, instances, method: str, readers: tuple[str, ...], model: Pat
     """Greedy test of one method: its contexts built once, answered by each reader; {reader: result}."""
     from memalpha.data.chunking import TokenCounts
     from memalpha.evaluation.methods import EvalEnv, make_method
-    from memalpha.evaluation.runner import LazyReader, answer_built, policy_tokenizer, token_counter
+    from memalpha.evaluation.answering import LazyReader, answer_built, policy_tokenizer, token_counter
     from memalpha.rewards.qa import states_superseded
 
     tokenizer, _ = policy_tokenizer(config)

@@ -174,7 +174,7 @@ def test_length_generalisation_grows_inputs(config):
 
 def test_every_context_respects_the_same_budget(config):
     from memalpha.evaluation.methods import EvalEnv, make_method
-    from memalpha.evaluation.runner import policy_tokenizer, token_counter
+    from memalpha.evaluation.answering import policy_tokenizer, token_counter
 
     tight = config.model_copy(update={"memory": config.memory.model_copy(update={"reader_view_tokens": 64})})
     count = token_counter(policy_tokenizer(tight)[0])

@@ -18,6 +18,8 @@ from typing import Any
 
 from memalpha.config import RunConfig
 from memalpha.data.schema import Instance
+from memalpha.evaluation.answering import LazyReader, policy_tokenizer, run_method, token_counter
+from memalpha.evaluation.methods import EvalEnv, make_method
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
@@ -64,8 +66,6 @@ def ray_session(address: str, workers: int) -> Iterator[None]:
 def _run_shard(config_json: str, method: str, model_uri: str | None, instances: list[Instance], seed: int,
                input_tokens: list[int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """One worker's share: the serial code path on a shard of the instances."""
-    from memalpha.evaluation.methods import EvalEnv, make_method
-    from memalpha.evaluation.runner import LazyReader, policy_tokenizer, run_method, token_counter
 
     config = RunConfig.model_validate_json(config_json)
     tokenizer, _ = policy_tokenizer(config)

@@ -20,7 +20,8 @@ from memalpha.data.schema import Instance
 from memalpha.data.synth import PRESETS, generate
 from memalpha.evaluation.report import markdown_table, plot_score_vs_length
 from memalpha.evaluation.results import EvalResult, metric_name
-from memalpha.evaluation.runner import Progress, evaluate, policy_tokenizer
+from memalpha.evaluation.answering import policy_tokenizer
+from memalpha.evaluation.runner import Progress, evaluate
 
 LENGTH_SEED = 1
 """Generator seed of the length-generalisation instances; the synthetic default (0) trains."""
