@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 from test_rollout import CONFIG as TINY_CONFIG
-from test_rollout import make_instances, random_adapter  # noqa: F401, F811 (a fixture)
+from test_rollout import make_instances, random_adapter  # noqa: F401  (fixture re-export)
 
 from memalpha.config import load_config
 from memalpha.evaluation.cluster import shards
