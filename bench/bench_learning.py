@@ -180,10 +180,14 @@ def tested(folder: Path, name: str, evaluate) -> dict[str, dict[str, Any]]:
     results = {reader: json.loads(p.read_text()) for reader, p in paths.items() if p.is_file()}
     missing = tuple(r for r in READERS if r not in results)
     if missing:
+        started = time.perf_counter()
+        print(f"testing {name} with the {' and '.join(missing)} reader(s)", flush=True)
         for reader, result in evaluate(missing).items():
             paths[reader].parent.mkdir(parents=True, exist_ok=True)
             write_atomically(paths[reader], json.dumps(result, indent=1))
             results[reader] = result
+        print(f"tested {name} in {time.perf_counter() - started:.0f} s: "
+              + ", ".join(f"{r} reader QA {results[r]['qa']:.3f}" for r in missing), flush=True)
     return {reader: results[reader] for reader in READERS}
 
 
