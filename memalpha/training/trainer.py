@@ -37,6 +37,8 @@ from memalpha.training.checkpoint import (
     BEST,
     SFT_DIR,
     CheckpointState,
+    capture_rng,
+    checkpoint_dir,
     latest_checkpoint,
     load_checkpoint,
     read_best,
@@ -44,6 +46,7 @@ from memalpha.training.checkpoint import (
     save_best,
     save_checkpoint,
 )
+from memalpha.training.distributed import init_world
 from memalpha.training.data import (
     load_training_data,
     truncate_for_training,
@@ -111,6 +114,11 @@ class Trainer:
         self.stopped_early = False
         """Whether `train` stopped before `grpo.steps` because of the time budget."""
         cfg = config.grpo
+        self.world = init_world()
+        """The training processes (memalpha.training.distributed); rank 0 logs, validates and checkpoints."""
+        if config.rollout.instances_per_step % self.world.size:
+            raise UserError(f"rollout.instances_per_step={config.rollout.instances_per_step} cannot be shared by "
+                            f"{self.world.size} processes: set it to a multiple of {self.world.size}")
         self.policy = load_policy(config.model, seed=cfg.seed)
         loaded = load_training_data(config, self.policy.tokenizer)
         self.data = loaded.splits
@@ -124,7 +132,8 @@ class Trainer:
         self.reader = make_reader(config.model, self.policy)
         self.judge = make_judge(config.model, self.policy) if config.reward.judge == "llm" else None
         seed_everything(cfg.seed)  # identical state whether the warm start ran now or was loaded
-        self.generator = torch.Generator(device=self.policy.device).manual_seed(cfg.seed)
+        # each rank samples its own stream; rank 0's is a one-process run's
+        self.generator = torch.Generator(device=self.policy.device).manual_seed(cfg.seed + 1_000_003 * self.world.rank)
         self.params = self.policy.trainable_parameters()
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         warmup = cfg.warmup_steps
@@ -181,11 +190,11 @@ class Trainer:
         cfg = self.config.grpo
         started = time.perf_counter()
         # the policy before any update: the baseline the held-out curve starts from
-        before = {f"warm_start/{k}": v for k, v in self.validate().items()} if self.step == 0 else {}
+        before = {f"warm_start/{k}": v for k, v in self.validate().items()} if self.step == 0 and self.world.main else {}
         instances = self._next_instances()
         collect = collect_step_rollouts if cfg.sampling == "step" else collect_rollouts
         batch = collect(
-            self.policy, instances, self.config, num_generations=self.config.rollout.num_generations,
+            self.policy, self.world.shard(instances), self.config, num_generations=self.config.rollout.num_generations,
             generator=self.generator, reader=self.reader, judge=self.judge,
         )
         samples = batch.samples
@@ -217,13 +226,20 @@ class Trainer:
             "data/dropped_instances": float(self.dropped_instances.get("train", 0)),
         })
         step_times = [h["timing/step_s"] for h in self.history if "timing/step_s" in h] + [metrics["timing/step_s"]]
-        self.out_of_time = step_would_overrun(self.config.deadline(self.started), sum(step_times) / len(step_times))
-        if self.out_of_time or cfg.is_eval_step(self.step):
+        out_of_time = step_would_overrun(self.config.deadline(self.started), sum(step_times) / len(step_times))
+        self.out_of_time = self.world.any(out_of_time)  # every rank stops after the same step
+        frame, memories = samples_frame(samples), rollout_memories(batch)
+        if self.world.size > 1:  # the step's metrics are the ranks' mean; rank 0 holds every rank's rollouts
+            metrics = _mean_over_ranks(self.world.gather(metrics))
+            gathered = self.world.gather((frame, memories))
+            frame, memories = pl.concat([f for f, _ in gathered], how="diagonal_relaxed"), [m for _, ms in gathered for m in ms]
+        if self.world.main and (self.out_of_time or cfg.is_eval_step(self.step)):
             metrics.update(self.validate())
         self.history.append({"step": self.step, **metrics})
-        with open(self.run_dir / METRICS_FILE, "a") as fh:
-            fh.write(json.dumps({"step": self.step, **metrics}) + "\n")
-        return StepResult(self.step, metrics, samples_frame(samples), rollout_memories(batch), batch.trace)
+        if self.world.main:
+            with open(self.run_dir / METRICS_FILE, "a") as fh:
+                fh.write(json.dumps({"step": self.step, **metrics}) + "\n")
+        return StepResult(self.step, metrics, frame, memories, batch.trace)
 
     def _collate(self, chosen: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """[left-padded prompt | right-padded completion] rows, attention mask, completion mask, width."""
@@ -237,18 +253,20 @@ class Trainer:
         AdamW step after gradient clipping. Returns token-weighted statistics."""
         cfg = self.config.grpo
         model = self.policy.model
-        n_seq = len(samples)
-        n_tok = sum(len(s.completion_ids) for s in samples)
+        world = self.world
+        # the normalisers count the whole step's samples, on every rank (the gradients are summed)
+        n_seq, n_tok = (int(v) for v in world.sum([len(samples), sum(len(s.completion_ids) for s in samples)]))
         # Zero-advantage samples add nothing to these losses or their gradients (the normalisers below
         # count them anyway), so their forward/backward passes are skipped.
         skippable = cfg.loss_type in ("grpo", "dr_grpo", "dapo")
-        keep = [i for i in range(n_seq) if not (skippable and advantages[i] == 0)]
+        keep = [i for i in range(len(samples)) if not (skippable and advantages[i] == 0)]
         micro = self._micro_batches(samples, keep)
         stats = {"loss": 0.0, "tokens": 0.0, "low": 0.0, "high": 0.0, "entropy": 0.0,
                  "grad_norm": 0.0, "logp_diff": 0.0, "first_tokens": 0.0, "sampled_tokens": 0.0,
                  "shared_prefix_tokens": 0.0}
-        if not micro:
-            return {**stats, "skipped": float(n_seq - len(keep))}
+        n_micro = int(world.sum([len(micro)])[0])
+        if not n_micro:
+            return {**stats, "skipped": float(n_seq - world.sum([len(keep)])[0])}
         old: list[torch.Tensor] = []
         model.train()
         try:
@@ -270,7 +288,7 @@ class Trainer:
                         logps, old[k], advantages[chosen].to(logps.device), mask,
                         loss_type=cfg.loss_type, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
                         max_completion_length=self.config.rollout.max_completion_length,
-                        batch_sequences=n_seq, batch_tokens=n_tok, num_micro_batches=len(micro),
+                        batch_sequences=n_seq, batch_tokens=n_tok, num_micro_batches=n_micro,
                     )
                     loss.backward()
                     stats["loss"] += float(loss.detach()) / cfg.num_iterations
@@ -280,12 +298,15 @@ class Trainer:
                 if prefix is not None:
                     prefix.backward()
                     stats["shared_prefix_tokens"] = float(prefix.length)
+                world.sum_gradients(self.params)
                 stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm))
                 self.optimizer.step()
         finally:
             model.eval()
             self.optimizer.zero_grad(set_to_none=True)
-        stats["skipped"] = float(n_seq - len(keep))
+        stats["skipped"] = float(n_seq - world.sum([len(keep)])[0])
+        additive = ("loss", "tokens", "low", "high", "entropy", "logp_diff", "first_tokens", "sampled_tokens")
+        stats.update(zip(additive, world.sum([stats[k] for k in additive])))
         return stats
 
     def _micro_batches(self, samples: list[Sample], keep: list[int]) -> list[tuple[list[int], bool]]:
@@ -386,10 +407,15 @@ class Trainer:
         state = CheckpointState(
             step=self.step, training_hash=self.config.training_hash(),
             data_position={"epoch": self.epoch, "position": self.position},
-            metrics=self.history, config=self.config.model_dump(mode="json"),
+            metrics=self.history, config=self.config.model_dump(mode="json"), processes=self.world.size,
         )
-        return save_checkpoint(self.run_dir, state, policy=self.policy, optimizer=self.optimizer,
-                               scheduler=self.scheduler, generator=self.generator)
+        rng = self.world.gather(capture_rng(self.generator))
+        path = checkpoint_dir(self.run_dir, self.step)
+        if self.world.main:
+            path = save_checkpoint(self.run_dir, state, policy=self.policy, optimizer=self.optimizer,
+                                   scheduler=self.scheduler, generator=self.generator, other_ranks_rng=rng[1:])
+        self.world.barrier()  # no rank moves on before the checkpoint exists
+        return path
 
     def maybe_resume(self, checkpoint: str | Path | None = None) -> bool:
         """Continue from `checkpoint` (default: the latest in run_dir/checkpoints); False when there is none.
@@ -409,12 +435,17 @@ class Trainer:
                 f"config hashes to {current}" + (f" (changed: {', '.join(changed)})" if changed else "")
                 + "; resume with the original config, use another output folder, or force it (--force)"
             )
+        if state.processes != self.world.size:
+            raise UserError(f"checkpoint {path} was written by {state.processes} training process(es), this run has "
+                            f"{self.world.size}: resume with `torchrun --nproc_per_node {state.processes}` (each "
+                            "process restores its own sampler state), or start a new output folder")
         load_checkpoint(path, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
-                        generator=self.generator)
+                        generator=self.generator, rank=self.world.rank)
         self.step = state.step
         self.epoch, self.position = state.data_position["epoch"], state.data_position["position"]
         self.history = list(state.metrics)
-        (self.run_dir / METRICS_FILE).write_text("".join(json.dumps(m) + "\n" for m in self.history))
+        if self.world.main:
+            (self.run_dir / METRICS_FILE).write_text("".join(json.dumps(m) + "\n" for m in self.history))
         log.info("resumed from %s (step %d)", path, self.step)
         return True
 
@@ -445,6 +476,12 @@ class Trainer:
         if not self.stopped_early:
             return None
         return f"{self.config.time_budget_minutes} min spent: stopped after step {self.step} of {self.config.grpo.steps}"
+
+
+def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric's mean over the ranks that report it (the ranks' shares of a step are equal in size)."""
+    keys = dict.fromkeys(k for metrics in per_rank for k in metrics)
+    return {k: sum(m[k] for m in per_rank if k in m) / sum(k in m for m in per_rank) for k in keys}
 
 
 def _sampling_gap(rows: list[Sample], logps: torch.Tensor) -> float:

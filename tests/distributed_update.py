@@ -1,0 +1,24 @@
+"""Run by tests/test_distributed.py under torchrun: one GRPO update of the tiny policy on rollouts sampled
+beforehand (a pickle of samples and advantages), each rank taking the samples of its share of the
+instances; rank 0 saves the updated adapter.
+
+    torchrun --nproc_per_node N tests/distributed_update.py CONFIG_JSON SAMPLES_PICKLE RUN_DIR OUT_DIR
+"""
+
+import pickle
+import sys
+from pathlib import Path
+
+import torch
+
+from memalpha.config import RunConfig
+from memalpha.training.trainer import Trainer
+
+config_json, samples_file, run_dir, out_dir = sys.argv[1:]
+trainer = Trainer(RunConfig.model_validate_json(Path(config_json).read_text()), run_dir)
+samples, advantages, instances = pickle.loads(Path(samples_file).read_bytes())
+mine = set(trainer.world.shard(range(instances)))
+chosen = [i for i, s in enumerate(samples) if s.instance_index in mine]
+trainer._update([samples[i] for i in chosen], torch.tensor([advantages[i] for i in chosen]))
+if trainer.world.main:
+    trainer.policy.save_adapter(Path(out_dir))

@@ -1,0 +1,105 @@
+"""Data-parallel training over gloo with 2 processes (torchrun), on the tiny policy: the update equals one
+process's on the same rollouts, and a run killed with kill -9 resumes to the uninterrupted run's adapter."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_rollout import make_dataset, tiny_config
+
+from memalpha.training.checkpoint import checkpoint_dir, read_state
+from memalpha.training.grpo import compute_advantages, group_ids
+from memalpha.training.rollout import collect_rollouts
+from memalpha.training.trainer import Trainer
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+TORCHRUN = str(REPO / ".venv" / "bin" / "torchrun")
+WEIGHTS = "adapter_model.safetensors"
+
+
+def torchrun(processes: int, *args: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env.pop("WORLD_SIZE", None)
+    return subprocess.Popen([TORCHRUN, "--standalone", f"--nproc_per_node={processes}", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kwargs)
+
+
+def finished(proc: subprocess.Popen, timeout: float = 600) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def test_two_processes_take_the_update_one_process_takes_on_the_same_rollouts(tmp_path):
+    config = tiny_config(make_dataset(tmp_path / "data"), "grpo.micro_batch_size=2")
+    trainer = Trainer(config, tmp_path / "sampled")
+    instances = trainer._next_instances()
+    batch = collect_rollouts(trainer.policy, instances, config, num_generations=config.rollout.num_generations,
+                             generator=trainer.generator, reader=trainer.reader)
+    samples = batch.samples
+    rewards = torch.tensor([s.reward.total for s in samples])
+    advantages, _ = compute_advantages(rewards, group_ids([s.instance_index for s in samples], [s.chunk for s in samples],
+                                                          config.grpo.advantage_grouping), config.grpo.scale_rewards)
+    assert advantages.abs().sum() > 0  # a real update
+    (tmp_path / "samples.pkl").write_bytes(pickle.dumps((samples, advantages.tolist(), len(instances))))
+    (tmp_path / "config.json").write_text(config.model_dump_json())
+    script = str(REPO / "tests" / "distributed_update.py")
+    for processes in (1, 2):
+        finished(torchrun(processes, script, str(tmp_path / "config.json"), str(tmp_path / "samples.pkl"),
+                          str(tmp_path / f"run{processes}"), str(tmp_path / f"adapter{processes}")))
+
+    one, two = load_file(tmp_path / "adapter1" / WEIGHTS), load_file(tmp_path / "adapter2" / WEIGHTS)
+    start = load_file(trainer.policy.save_adapter(tmp_path / "start") / WEIGHTS)
+    moved = max(float((one[k] - start[k]).abs().max()) for k in one)
+    differs = max(float((one[k] - two[k]).abs().max()) for k in one)
+    print(f"largest weight change of the update {moved:.2e}; largest difference 1 vs 2 processes {differs:.2e}")
+    # the same sums in another order (two partial gradients added by gloo): float32 rounding only
+    assert moved > 1e-4 and differs <= 1e-6
+
+
+def test_a_two_process_run_killed_mid_run_resumes_to_the_uninterrupted_runs_adapter(tmp_path):
+    data = make_dataset(tmp_path / "data")
+
+    def train(name: str) -> subprocess.Popen:
+        return torchrun(2, "-m", "memalpha", "train", "--config", "configs/tiny.yaml", "--set", f"data.train_path={data}",
+                        "--set", "sft.enabled=false", "--set", "grpo.steps=3", "--set", "grpo.checkpoint_every=1",
+                        "--set", "grpo.eval_every=3", "--set", f"output_dir={tmp_path / name}")
+
+    out = finished(train("whole"))
+    assert out.count("grpo step 3/3") == 1  # rank 0 alone prints
+    whole = tmp_path / "whole"
+    last = checkpoint_dir(whole, 3)
+    assert read_state(last).processes == 2 and (last / "rng-rank-1.pt").is_file()
+    assert [json.loads(line)["step"] for line in (whole / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+    killed = train("killed")
+    deadline = time.time() + 600
+    while not checkpoint_dir(tmp_path / "killed", 1).is_dir():  # step 2 starts right after this checkpoint
+        assert killed.poll() is None and time.time() < deadline, killed.communicate()[0][-3000:]
+        time.sleep(0.05)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.communicate()
+    out = finished(train("killed"))
+    assert "resumed at step" in out
+    for step in (1, 2, 3):
+        a, b = load_file(checkpoint_dir(whole, step) / "adapter" / WEIGHTS), load_file(checkpoint_dir(tmp_path / "killed", step) / "adapter" / WEIGHTS)
+        assert all(torch.equal(a[k], b[k]) for k in a), f"step {step} differs after the resume"
+    rewards = [[json.loads(line)["reward"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+               for name in ("whole", "killed")]
+    assert rewards[0] == rewards[1]
+
+    one = subprocess.run([str(REPO / ".venv" / "bin" / "memalpha"), "train", "--resume", str(whole), "--config", "configs/tiny.yaml",
+                          "--set", f"data.train_path={data}", "--set", "sft.enabled=false", "--set", "grpo.steps=4",
+                          "--set", "grpo.checkpoint_every=1", "--set", "grpo.eval_every=3", "--set", f"output_dir={whole}"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert one.returncode != 0 and "written by 2 training process(es), this run has 1" in one.stdout + one.stderr
