@@ -44,8 +44,10 @@ def mark_mlflow_run_crashed(flow, flow_run, state) -> None:
 
 
 @flow(name="grpo", on_crashed=[mark_mlflow_run_crashed], on_cancellation=[mark_mlflow_run_crashed])
-def grpo(config: RunConfig = default_config(), parent_run_id: str | None = None, register_adapter: bool = True) -> dict:
-    """Train the memory writer with GRPO on `config`; returns the MLflow run id, checkpoint and model."""
+def grpo(config: RunConfig = default_config(), parent_run_id: str | None = None, register_adapter: bool = True,
+         processes: int = 1) -> dict:
+    """Train the memory writer with GRPO on `config`, data-parallel over `processes` (torchrun: gloo on a
+    CPU, NCCL on GPUs); returns the MLflow run id, checkpoint and model."""
     logger = get_run_logger()
     flow_run_id = str(runtime.flow_run.id)
     run_dir = run_dir_for(config, flow_run_id)
@@ -60,7 +62,7 @@ def grpo(config: RunConfig = default_config(), parent_run_id: str | None = None,
         for first, last in block_bounds(config.grpo.steps, config.grpo.checkpoint_every, config.grpo.eval_every):
             if block is not None and block["stopped_early"]:
                 break  # the time budget is spent; the block evaluated and checkpointed its last step
-            block = train_block(config, str(run_dir), run_id, first, last, started)
+            block = train_block(config, str(run_dir), run_id, first, last, started, processes)
         model = register_model(config, str(run_dir), run_id, block["checkpoint"], register_adapter) if block else None
     except BaseException:
         close_run(run_id, "FAILED")

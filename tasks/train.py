@@ -259,42 +259,98 @@ def warm_start(config: RunConfig, run_dir: str, run_id: str, started: float | No
     return str(adapter)
 
 
-@task(name="train-block", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-def train_block(config: RunConfig, run_dir: str, run_id: str, first: int, last: int,
-                started: float | None = None) -> dict[str, Any]:
-    """GRPO steps first..last: resume from the latest checkpoint, train, evaluate, checkpoint, publish.
-    Under `time_budget_minutes` (counted from `started`) the block may end early: `stopped_early`."""
+def _train_steps(config: RunConfig, path: Path, first: int, last: int, started: float | None, say) -> dict[str, Any]:
+    """Steps first..last in this process (one rank of a data-parallel block under torchrun): resume, train,
+    stage each step on rank 0 for `publish_block`."""
     from memalpha.progress import GRPOProgress
     from memalpha.training.trainer import Trainer
 
-    logger = get_run_logger()
-    path = Path(run_dir)
     trainer = Trainer(config, path, started=started)
     trainer.maybe_resume()
     resumed = trainer.step
-    logger.info("block %d-%d: resumed from checkpoint at step %d", first, last, resumed)
+    say = say if trainer.world.main else (lambda _line: None)
+    say(f"block {first}-{last}: resumed from checkpoint at step {resumed}"
+        + (f" ({trainer.world.size} processes)" if trainer.world.size > 1 else ""))
     if resumed < first - 1:
         raise RuntimeError(f"block {first}-{last} needs the checkpoint of step {first - 1}; latest is step {resumed}")
-    progress = GRPOProgress(config.grpo.steps, trainer.step, logger.info)
+    progress = GRPOProgress(config.grpo.steps, trainer.step, say)
     previous = time.perf_counter()
 
     def on_step(result) -> None:
         nonlocal previous
         now = time.perf_counter()
-        _stage_step(path, result, now - previous)
+        if trainer.world.main:
+            _stage_step(path, result, now - previous)
+            progress(result)
+            _maybe_fail(path, result.step)
         previous = now
-        progress(result)
-        _maybe_fail(path, result.step)
 
     checkpoint = trainer.train(on_step, until=last) or checkpoint_dir(path, last)
-    if trainer.budget_stop:
-        logger.info("time budget of %s", trainer.budget_stop)
-        tracking.set_tags(run_id, {tracking.TIME_BUDGET_TAG: trainer.budget_stop})
-        last = trainer.step
+    return {"resumed_from": resumed, "checkpoint": str(checkpoint), "step": trainer.step,
+            "budget_stop": trainer.budget_stop, "stopped_early": trainer.stopped_early}
+
+
+def _launch(processes: int, config: RunConfig, path: Path, first: int, last: int, started: float | None, say) -> dict[str, Any]:
+    """The block under torchrun with `processes` ranks, its output streamed to `say`; a failed rank is a
+    RuntimeError, so the task's retry resumes from the last checkpoint."""
+    import subprocess
+    import sys
+
+    folder = path / "launch"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(config.model_dump_json())
+    out = folder / f"block-{first}-{last}.json"
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", "-m", "tasks.train",
+           str(folder / "config.json"), str(path), str(first), str(last), str(started or time.time()), str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tail: list[str] = []
+    for line in proc.stdout:
+        line = line.rstrip()
+        tail = (tail + [line])[-20:]
+        if line and not line.startswith(" "):
+            say(line)
+    if proc.wait() != 0 or not out.is_file():
+        raise RuntimeError(f"block {first}-{last}: {processes} training processes exited with {proc.returncode}:\n"
+                           + "\n".join(tail))
+    return json.loads(out.read_text())
+
+
+@task(name="train-block", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+def train_block(config: RunConfig, run_dir: str, run_id: str, first: int, last: int,
+                started: float | None = None, processes: int = 1) -> dict[str, Any]:
+    """GRPO steps first..last: resume from the latest checkpoint, train, evaluate, checkpoint, publish; with
+    `processes` > 1 data-parallel under torchrun. Under `time_budget_minutes` (counted from `started`) the
+    block may end early: `stopped_early`."""
+    logger = get_run_logger()
+    path = Path(run_dir)
+    if processes > 1:
+        outcome = _launch(processes, config, path, first, last, started, logger.info)
+    else:
+        outcome = _train_steps(config, path, first, last, started, logger.info)
+    checkpoint = Path(outcome["checkpoint"])
+    if outcome["budget_stop"]:
+        logger.info("time budget of %s", outcome["budget_stop"])
+        tracking.set_tags(run_id, {tracking.TIME_BUDGET_TAG: outcome["budget_stop"]})
+        last = outcome["step"]
     published = publish_block(config, path, run_id, first, last, checkpoint)
     logger.info("block %d-%d: checkpoint %s, %d steps published to MLflow", first, last, checkpoint, published)
-    return {"first": first, "last": last, "resumed_from": resumed, "checkpoint": str(checkpoint), "published": published,
-            "stopped_early": trainer.stopped_early}
+    return {"first": first, "last": last, "resumed_from": outcome["resumed_from"], "checkpoint": str(checkpoint),
+            "published": published, "stopped_early": outcome["stopped_early"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One rank of a data-parallel block (`_launch`): CONFIG_JSON RUN_DIR FIRST LAST STARTED OUT_JSON."""
+    import sys
+
+    from memalpha.training.distributed import init_world
+
+    config_file, run_dir, first, last, started, out = (argv or sys.argv[1:])
+    outcome = _train_steps(RunConfig.model_validate_json(Path(config_file).read_text()), Path(run_dir), int(first),
+                           int(last), float(started), lambda line: print(line, flush=True))
+    if init_world().main:
+        Path(out).write_text(json.dumps(outcome))
+    return 0
 
 
 def _base_model_path(config: RunConfig, policy, run_dir: Path) -> str | None:
@@ -392,3 +448,7 @@ def register_model(config: RunConfig, run_dir: str, run_id: str, checkpoint: str
                 name, version, key, score, "moved" if promoted else "kept", champion)
     tracking.set_tags(run_id, {"memalpha.registered_model": f"{name} v{version}" + (" (champion)" if promoted else "")})
     return {**outcome, "name": name, "version": version, "champion": promoted, "validation_score": score}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

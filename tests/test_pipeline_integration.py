@@ -309,3 +309,24 @@ def test_the_shipped_writer_is_registered_through_the_training_registration_path
     assert run.data.metrics["test/evidence/qa"] == kept["test"]["evidence"]["qa"]
     logged = client.download_artifacts(run.info.run_id, "shipped/record.json", str(stack["tmp"]))
     assert json.loads(Path(logged).read_text()) == kept
+
+
+def test_train_deployment_runs_its_blocks_on_two_processes(stack, dataset):
+    from mlflow.tracking import MlflowClient
+
+    config = tiny_config(stack["tmp"])
+    config["name"] = "two-processes"
+    config["grpo"].update({"steps": 2, "checkpoint_every": 1, "eval_every": 2})
+    config["sft"]["enabled"] = False
+    config["tracking"]["experiment"] = "integration-processes"
+    flow_run_id = run_deployment(stack, "grpo/train", {"config": config, "processes": 2, "register_adapter": False})
+
+    client = MlflowClient(stack["env"]["MLFLOW_TRACKING_URI"], registry_uri=stack["env"]["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("integration-processes")
+    (run,) = client.search_runs([experiment.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "reward")] == [1, 2]  # each step once, from rank 0
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/qa_score")] == [2]
+    run_dir = Path(run.data.tags["memalpha.run_dir"])
+    state = json.loads((run_dir / "checkpoints" / "step-000002" / "state.json").read_text())
+    assert state["processes"] == 2 and (run_dir / "checkpoints" / "step-000002" / "rng-rank-1.pt").is_file()
+    assert "(2 processes)" in stack["runner_log"].read_text()  # the ranks' progress lines reach the flow-run logs
