@@ -1,4 +1,10 @@
-"""Scale benchmark: evaluation serially and on a local Ray with 2 workers, and what starting Ray costs.
+"""Scale benchmark: a GRPO step with 1 and 2 training processes, evaluation serially and on a local Ray
+with 2 workers, and what starting Ray costs.
+
+Training: the recipe (`RunConfig()`, from the shipped warm start) with `rollout.instances_per_step=2` (so 2
+processes take one instance each), on the learning benchmark's training data, under `torchrun`, 2 steps;
+`step_seconds` and `allreduce_seconds` are step 2's (step 1 also times the warm start's validation), keyed
+by processes. On 2 cores no speed-up is expected: the point is the overhead, measured.
 
 The learning benchmark's first `INSTANCES` held-out instances (4 chunks of 512 tokens each), greedy, the
 evidence reader, methods `METHODS` (the shipped writer as `policy`). `eval_seconds` is keyed by workers
@@ -12,6 +18,10 @@ run's scores and memory sizes. On a 2-core machine no speed-up is expected: the 
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -20,6 +30,24 @@ from bench import bench_learning as learning
 INSTANCES = 16
 WORKERS = (1, 2)
 METHODS = ("policy", "rule_writer", "rag", "long_context")
+PROCESSES = (1, 2)
+RUN_ROOT = learning.ROOT / "runs" / "bench-scale"
+
+
+def train_step_seconds(processes: int) -> dict[str, float]:
+    """Step 2 of the recipe at B=2 under torchrun with `processes` ranks: step and all-reduce seconds."""
+    run_dir = RUN_ROOT / f"processes-{processes}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", "-m", "memalpha",
+           "train", "--set", f"output_dir={run_dir}", "--set", f"data.train_path={learning.training_data()}",
+           "--set", "rollout.instances_per_step=2", "--set", "grpo.steps=2", "--set", "grpo.eval_every=2",
+           "--set", "time_budget_minutes=null", "--set", "eval.max_instances=2"]
+    done = subprocess.run(cmd, cwd=learning.ROOT, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    step = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1]
+    print(f"{processes} process(es): step 2 took {step['timing/step_s']:.1f} s", flush=True)
+    return {"step_seconds": round(step["timing/step_s"], 1), "allreduce_seconds": round(step["timing/allreduce_s"], 3)}
 
 
 def ray_start_seconds() -> float:
@@ -39,6 +67,7 @@ def run() -> dict[str, Any]:
     from memalpha.evaluation.runner import evaluate
     from memalpha.teacher import record
 
+    training = {p: train_step_seconds(p) for p in PROCESSES}
     instances = learning.test_instances(INSTANCES)
     seconds, scores = {}, {}
     for workers in WORKERS:
@@ -51,6 +80,8 @@ def run() -> dict[str, Any]:
                            for m in METHODS}
         print(f"{workers} worker(s): {seconds[workers]} s", flush=True)
     return {
+        "step_seconds": {p: t["step_seconds"] for p, t in training.items()},
+        "allreduce_seconds": {p: t["allreduce_seconds"] for p, t in training.items()},
         "eval_seconds": seconds, "ray_start_seconds": round(ray_start_seconds(), 1),
         "same_report": all(scores[w] == scores[1] for w in WORKERS), "scores": scores,
         "settings": {"instances": len(instances), "questions": sum(len(i.questions) for i in instances),
@@ -66,5 +97,7 @@ def to_markdown(results: dict[str, Any]) -> str:
              f"empty task: {results['ray_start_seconds']} s (inside the Ray rows). Same report on Ray as serially: "
              f"{results['same_report']}.", "", "| workers | eval seconds |", "|---|---|"]
     lines += [f"| {w} | {sec} |" for w, sec in results["eval_seconds"].items()]
-    lines += ["", "Data-parallel training (`step_seconds` by processes) is not built yet: not measured."]
+    lines += ["", "GRPO step of the recipe at B=2 (G=8) under torchrun, step 2:", "",
+              "| processes | step seconds | all-reduce seconds |", "|---|---|---|"]
+    lines += [f"| {p} | {sec} | {results['allreduce_seconds'][p]} |" for p, sec in results["step_seconds"].items()]
     return "\n".join(lines) + "\n"

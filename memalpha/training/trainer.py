@@ -219,6 +219,7 @@ class Trainer:
         metrics.update({
             "learning_rate": learning_rate,
             "timing/generate_s": batch.generate_s, "timing/reward_s": batch.reward_s, "timing/update_s": update_s,
+            "timing/allreduce_s": update["allreduce_s"],
             "timing/step_s": time.perf_counter() - started,
             "throughput/generated_tokens_per_s": batch.generated_tokens / max(batch.generate_s, 1e-9),
             "data/epoch": float(self.epoch),
@@ -263,7 +264,7 @@ class Trainer:
         micro = self._micro_batches(samples, keep)
         stats = {"loss": 0.0, "tokens": 0.0, "low": 0.0, "high": 0.0, "entropy": 0.0,
                  "grad_norm": 0.0, "logp_diff": 0.0, "first_tokens": 0.0, "sampled_tokens": 0.0,
-                 "shared_prefix_tokens": 0.0}
+                 "shared_prefix_tokens": 0.0, "allreduce_s": 0.0}
         n_micro = int(world.sum([len(micro)])[0])
         if not n_micro:
             return {**stats, "skipped": float(n_seq - world.sum([len(keep)])[0])}
@@ -298,7 +299,9 @@ class Trainer:
                 if prefix is not None:
                     prefix.backward()
                     stats["shared_prefix_tokens"] = float(prefix.length)
+                reduce_start = time.perf_counter()
                 world.sum_gradients(self.params)
+                stats["allreduce_s"] += time.perf_counter() - reduce_start
                 stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm))
                 self.optimizer.step()
         finally:
