@@ -39,5 +39,5 @@ def test_two_ray_workers_give_the_serial_report(random_adapter, tmp_path):
     assert spread.questions.equals(serial.questions)
     assert spread.instances.drop(TIMINGS).equals(serial.instances.drop(TIMINGS))
     assert spread.memories == serial.memories
-    assert spread.instances.filter(pl.col("method") == "rule_writer")["memory_tokens"].min() > 0  # real memories
+    assert spread.instances.filter(pl.col("method") == "rag")["memory_tokens"].min() > 0  # real memories
     assert spread.instances.filter(pl.col("method") == "policy").height == len(instances)

@@ -170,4 +170,5 @@ def test_prefect_yaml_is_generated_from_the_deployment_table():
     from flows.deployments import DEPLOYMENTS, PREFECT_YAML, render_prefect_yaml
 
     assert PREFECT_YAML.read_text() == render_prefect_yaml(), "run `python -m flows.deployments yaml`"
-    assert {spec.full_name for spec in DEPLOYMENTS} == {"grpo/train", "evaluate/nightly", "prep/prep", "sweep/sweep"}
+    assert {spec.full_name for spec in DEPLOYMENTS} == {"grpo/train", "evaluate/nightly", "prep/prep", "sweep/sweep",
+                                                             "writer/register"}
