@@ -55,7 +55,7 @@ $(VLLM_VENV)/.installed:
 browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null)
 
-test: setup browser
+test: setup browser vllm
 	$(PY) -m pytest -q
 
 test-fast: setup
@@ -73,14 +73,15 @@ warm-start: setup
 bench: setup
 	$(PY) -m bench.run_all
 
-# on a machine with a CUDA GPU (and a CUDA build of torch): the GPU-marked tests, then the rollout
-# benchmark on the GPU (bench/results/rollout_gpu.md; docs/PERFORMANCE.md)
-gpu-check: setup
-	$(PY) -m pytest -q -m gpu
-	$(PY) -m bench.run_all rollout_gpu
+# on a machine with a CUDA GPU (and a CUDA build of torch): the GPU- and vLLM-marked tests, then the rollout
+# and engine benchmarks on the GPU (bench/results/rollout_gpu.md, engines.md; docs/PERFORMANCE.md)
+gpu-check: setup vllm
+	$(PY) -m pytest -q -m "gpu or vllm"
+	$(PY) -m bench.run_all rollout_gpu engines
 
+# VLLM=1 also starts the vLLM server of rollout.engine=vllm (after `make vllm`)
 up: setup
-	bash infra/servers.sh start
+	MEMALPHA_VLLM=$(VLLM) bash infra/servers.sh start
 
 down:
 	bash infra/servers.sh stop

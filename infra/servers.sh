@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# Local servers for memalpha: the Prefect server (SQLite), the MLflow UI and the deployment runner.
+# Local servers for memalpha: the Prefect server (SQLite), the MLflow UI and the deployment runner, and,
+# with MEMALPHA_VLLM=1 (`make up VLLM=1`), the vLLM server of `rollout.engine=vllm`.
 #   bash infra/servers.sh start|stop|status|restart
 # Idempotent: `start` leaves running servers alone, `stop` ignores stopped ones. PID files and logs
 # live in infra/state/. Everything binds to 127.0.0.1.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STATE="$REPO/infra/state"
+STATE="${MEMALPHA_STATE:-$REPO/infra/state}"  # PID files and logs
 PY="$REPO/.venv/bin/python"
 PREFECT_PORT="${MEMALPHA_PREFECT_PORT:-4200}"
 MLFLOW_PORT="${MEMALPHA_MLFLOW_PORT:-5000}"
 START_TIMEOUT="${MEMALPHA_START_TIMEOUT:-120}"
+# vLLM: its own environment (`make vllm`); the model must be the policy's (a prepared folder, a hub id or a
+# path), the dtype the policy's (float32 or bfloat16) for its log-probs to agree with the trainer's
+VLLM_PY="$REPO/.venv-vllm/bin/python"
+VLLM_PORT="${MEMALPHA_VLLM_PORT:-8100}"
+VLLM_MODEL="${MEMALPHA_VLLM_MODEL:-$REPO/.cache/models/smollm2-135m-instruct}"
+VLLM_DTYPE="${MEMALPHA_VLLM_DTYPE:-auto}"
+VLLM_MAX_LORA_RANK="${MEMALPHA_VLLM_MAX_LORA_RANK:-16}"
+VLLM_MAX_MODEL_LEN="${MEMALPHA_VLLM_MAX_MODEL_LEN:-2048}"
 
 export PREFECT_HOME="${PREFECT_HOME:-$STATE/prefect}"
 export PREFECT_API_URL="http://127.0.0.1:$PREFECT_PORT/api"
@@ -82,6 +91,22 @@ start_mlflow() {
     echo "mlflow: http://127.0.0.1:$MLFLOW_PORT (pid $(cat "$(pidfile mlflow)"), store $REPO/mlruns)"
 }
 
+vllm_healthy() { curl -fsS "http://127.0.0.1:$VLLM_PORT/v1/models"; }
+
+start_vllm() {
+    if is_running vllm; then echo "vllm: already running (pid $(cat "$(pidfile vllm)"))"; return; fi
+    if [[ ! -x "$VLLM_PY" ]]; then echo "vllm: not installed; run \`make vllm\` first" >&2; return 1; fi
+    if port_busy "$VLLM_PORT"; then echo "vllm: port $VLLM_PORT is taken by another process" >&2; return 1; fi
+    # runtime LoRA loading is the per-step hot swap; the KV cache space (GiB) applies on a CPU only
+    launch vllm env VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}" \
+        VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 "$VLLM_PY" -m vllm.entrypoints.openai.api_server --model "$VLLM_MODEL" \
+        --host 127.0.0.1 --port "$VLLM_PORT" --dtype "$VLLM_DTYPE" --max-model-len "$VLLM_MAX_MODEL_LEN" \
+        --enable-lora --max-lora-rank "$VLLM_MAX_LORA_RANK" --max-loras 2 --enable-prefix-caching \
+        --logprobs-mode processed_logprobs ${MEMALPHA_VLLM_ARGS:-}
+    START_TIMEOUT="${MEMALPHA_VLLM_START_TIMEOUT:-300}" wait_healthy vllm vllm_healthy
+    echo "vllm: http://127.0.0.1:$VLLM_PORT (pid $(cat "$(pidfile vllm)"), model $VLLM_MODEL, log $STATE/vllm.log)"
+}
+
 schema_fingerprint() { (cd "$REPO" && "$PY" -m flows.deployments fingerprint 2>/dev/null); }
 
 start_runner() {
@@ -131,9 +156,17 @@ case "${1:-}" in
         start_prefect
         start_mlflow
         start_runner
+        if [[ "${MEMALPHA_VLLM:-0}" == 1 ]]; then start_vllm; fi
         echo "export PREFECT_API_URL=$PREFECT_API_URL  # for the prefect CLI in your shell"
         ;;
+    start-vllm)
+        start_vllm
+        ;;
+    stop-vllm)
+        stop_one vllm
+        ;;
     stop)
+        stop_one vllm
         stop_one runner
         stop_one mlflow
         stop_one prefect
@@ -147,9 +180,10 @@ case "${1:-}" in
         status_one prefect "http://127.0.0.1:$PREFECT_PORT" prefect_healthy || true
         status_one mlflow "http://127.0.0.1:$MLFLOW_PORT" mlflow_healthy || true
         status_one runner "" runner_healthy || true
+        status_one vllm "http://127.0.0.1:$VLLM_PORT" vllm_healthy || true
         ;;
     *)
-        echo "usage: $0 start|stop|status|restart" >&2
+        echo "usage: $0 start|stop|status|restart|start-vllm|stop-vllm" >&2
         exit 2
         ;;
 esac

@@ -8,7 +8,7 @@ import importlib
 import sys
 
 from memalpha.config import ConfigError
-from memalpha.errors import UserError
+from memalpha.errors import ServiceError, UserError
 
 COMMANDS = ["config", "data", "sft", "train", "eval"]
 
@@ -34,3 +34,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UserError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except ServiceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3

@@ -166,6 +166,14 @@ class RolloutConfig(_Section):
     """Nucleus sampling threshold (1 = off)."""
     max_prompt_tokens: int = Field(1024, ge=64)
     """Longer writer prompts keep their last tokens (counted in prompts/truncated_ratio)."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Where rollouts are sampled: `hf`, memalpha's batched transformers loop on the policy; `vllm`, a vLLM
+    server the adapter is hot-swapped into each step (memalpha/training/engines.py). hf is faster on a CPU
+    (bench/results/engines.md); vllm is the GPU engine."""
+    vllm_url: str = "http://127.0.0.1:8100"
+    """The vLLM server of `engine=vllm` (`bash infra/vllm.sh start` serves the policy there)."""
+    vllm_timeout_s: float = Field(600.0, gt=0)
+    """Longest wait for one vLLM request before the step fails (and is resumed like a crashed step)."""
 
 
 class GRPOConfig(_Section):
@@ -348,9 +356,10 @@ class RunConfig(_Section):
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
-NOT_TRAINING = ("name", "output_dir", "tracking.", "eval.", "grpo.steps", "grpo.eval_every", "time_budget_minutes")
+NOT_TRAINING = ("name", "output_dir", "tracking.", "eval.", "grpo.steps", "grpo.eval_every", "time_budget_minutes",
+                "rollout.vllm_")
 """Fields (or dotted prefixes) that do not change what a training step computes: names, paths, tracking,
-evaluation, and how long a run goes (a run can be extended)."""
+evaluation, where the vLLM server is, and how long a run goes (a run can be extended)."""
 
 
 def training_fields(dump: dict[str, Any]) -> dict[str, Any]:

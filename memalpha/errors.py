@@ -3,3 +3,8 @@
 
 class UserError(Exception):
     """An error caused by the user's input (a path, a flag, a dataset, a config value)."""
+
+
+class ServiceError(Exception):
+    """A server the run depends on (the vLLM rollout server) died or timed out mid-step: nothing of the step
+    was logged, and the run resumes from its last checkpoint once the server is back."""

@@ -253,7 +253,9 @@ class PolicyMethod(Method):
     def policy(self):
         if self._policy is None:
             from memalpha.models.policy import load_policy
+            from memalpha.training.engines import check_engine
 
+            check_engine(self.env.config.rollout, self.env.config.model.policy)  # rollout.engine=vllm: its server
             self._policy = load_policy(self.env.config.model, adapter=self.adapter, trainable=False)
         return self._policy
 

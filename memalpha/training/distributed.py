@@ -11,9 +11,10 @@ Rank 0 alone logs, validates and writes checkpoints; every rank restores from th
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist

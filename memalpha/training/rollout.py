@@ -24,7 +24,8 @@ from memalpha.env.parsing import ParseResult
 from memalpha.env.tools import ToolResult
 from memalpha.memory import MemoryStore
 from memalpha.rewards.rubric import RewardBreakdown, score_episodes, score_step
-from memalpha.training.generation import Generation, generate
+from memalpha.training import engines
+from memalpha.training.generation import Generation
 
 
 @dataclass
@@ -111,17 +112,11 @@ def _sample(policy, prompts: list[str], config: RunConfig, batch: RolloutBatch, 
     opening), sample each `copies` times in one batched call (copies of a prompt are adjacent) and count
     the call on `batch`. Returns the prompt ids, which prompts were cut, and the generation."""
     rcfg = config.rollout
-    tokenizer = policy.tokenizer
-    eos_ids = [tokenizer.eos_token_id] + ([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else [])
-    ids = tokenizer(prompts, add_special_tokens=False)["input_ids"] if prompts else []
+    ids = policy.tokenizer(prompts, add_special_tokens=False)["input_ids"] if prompts else []
     cut = [len(x) > rcfg.max_prompt_tokens for x in ids]
     ids = [x[-rcfg.max_prompt_tokens:] for x in ids]
     start = time.perf_counter()
-    out = generate(
-        policy.model, [x for x in ids for _ in range(copies)], max_new_tokens=rcfg.max_completion_length,
-        eos_token_ids=eos_ids, pad_token_id=tokenizer.pad_token_id, temperature=rcfg.temperature,
-        top_p=rcfg.top_p, greedy=greedy, generator=generator,
-    )
+    out = engines.sample(policy, ids, rcfg, copies=copies, greedy=greedy, generator=generator)
     batch.generate_s += time.perf_counter() - start
     batch.generate_calls += 1
     batch.generated_tokens += out.num_tokens
@@ -151,7 +146,7 @@ def collect_rollouts(
     episodes = _new_episodes(policy, instances, config, G)
     per_rollout: list[list[Sample]] = [[] for _ in episodes]
     batch = RolloutBatch(list(instances), G, memories=[ep.store for ep in episodes])
-    with policy.merged_adapter():  # sampling only (eval mode); the update runs the unmerged adapter
+    with engines.sampling(policy, config.rollout):
         while active := [r for r, ep in enumerate(episodes) if not ep.done]:
             prompts = [episodes[r].prompt() for r in active]
             ids, cut, out = _sample(policy, prompts, config, batch, generator=generator, greedy=greedy)
@@ -227,7 +222,7 @@ def collect_step_rollouts(
     states = _new_episodes(policy, instances, config, 1)
     chosen: list[list[Sample]] = [[] for _ in instances]
     batch = RolloutBatch(list(instances), 1)
-    with policy.merged_adapter():
+    with engines.sampling(policy, config.rollout):
         while active := [b for b, state in enumerate(states) if not state.done]:
             prompts = [states[b].prompt() for b in active]
             ids, cut, out = _sample(policy, prompts, config, batch, generator=generator, copies=G)

@@ -19,9 +19,9 @@ import random
 import time
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import polars as pl
@@ -46,11 +46,12 @@ from memalpha.training.checkpoint import (
     save_best,
     save_checkpoint,
 )
-from memalpha.training.distributed import init_world
 from memalpha.training.data import (
     load_training_data,
     truncate_for_training,
 )
+from memalpha.training.distributed import init_world
+from memalpha.training.engines import check_engine
 from memalpha.training.generation import left_pad, right_pad, shareable_prefix_length
 from memalpha.training.grpo import (
     SharedPrefix,
@@ -119,6 +120,7 @@ class Trainer:
         if config.rollout.instances_per_step % self.world.size:
             raise UserError(f"rollout.instances_per_step={config.rollout.instances_per_step} cannot be shared by "
                             f"{self.world.size} processes: set it to a multiple of {self.world.size}")
+        check_engine(config.rollout, config.model.policy)
         self.policy = load_policy(config.model, seed=cfg.seed)
         loaded = load_training_data(config, self.policy.tokenizer)
         self.data = loaded.splits

@@ -1,0 +1,106 @@
+"""Rollout engines side by side: memalpha's transformers loop (`hf`) and a vLLM server (`vllm`), in one run.
+
+1. `generate_tokens_per_s` {engine: {B*G: tokens/s}}: the default writer prompts (synthetic 512-token
+   chunks, empty memory, ~770 tokens), B*G = 8 and 32 rows as B distinct prompts sampled G times, 48 new
+   tokens a row (no early stop), the whole call timed, prefill included; the policy's LoRA is loaded in
+   the server beforehand (as in training, where it is swapped once a step).
+2. `step_seconds` {engine: seconds}: a GRPO step of configs/default.yaml from the shipped warm start
+   (step-level sampling, B=1, G=8), the mean of steps 2 and 3 (step 1 includes the first adapter load).
+
+The server runs the policy's dtype (bf16 on a CPU with native bf16, fp32 otherwise) from `.venv-vllm`,
+started by `infra/servers.sh start-vllm`. On a GPU machine (`make gpu-check`) both engines run on CUDA.
+
+    python -m bench.run_all engines      # writes bench/results/engines.json and engines.md
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.bench_rollout import BATCHES, NEW_TOKENS, _prompts
+from bench.vllm_server import installed, local_vllm_server
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINES = ("hf", "vllm")
+STEPS = 3
+
+
+def _throughput(policy, config, prompts: list[list[int]], engine: str) -> dict[str, float]:
+    from memalpha.training import engines
+
+    G = config.rollout.num_generations
+    rcfg = config.rollout.model_copy(update={"engine": engine, "max_completion_length": NEW_TOKENS})
+    generator = torch.Generator(device=policy.device).manual_seed(0)
+    out: dict[str, float] = {}
+    with engines.sampling(policy, rcfg):
+        engines.sample(policy, prompts[:1], rcfg, copies=2, greedy=False, generator=generator, eos_token_ids=[])  # warm-up
+        for n in BATCHES:
+            start = time.perf_counter()
+            gen = engines.sample(policy, prompts[: n // G], rcfg, copies=G, greedy=False, generator=generator,
+                                 eos_token_ids=[])
+            seconds = time.perf_counter() - start
+            assert gen.num_tokens == n * NEW_TOKENS, (engine, n, gen.num_tokens)
+            out[str(n)] = round(gen.num_tokens / seconds, 2)
+    return out
+
+
+def _step_seconds(config, warm_start: Path) -> float:
+    from memalpha.training.trainer import Trainer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(config.model_copy(update={"output_dir": tmp}), tmp)
+        trainer.policy.load_adapter(warm_start)
+        times = []
+        for _ in range(STEPS):
+            start = time.perf_counter()
+            trainer.train_step()
+            times.append(time.perf_counter() - start)
+    return round(sum(times[1:]) / (len(times) - 1), 1)
+
+
+def run() -> dict[str, Any]:
+    from memalpha.config import load_config
+    from memalpha.models.loading import resolve_model_path
+    from memalpha.models.policy import load_policy
+
+    if not installed():
+        raise RuntimeError("no .venv-vllm: run `make vllm` first")
+    warm_start = ROOT / "adapters" / "warm-start"
+    config = load_config(ROOT / "configs" / "default.yaml", ["sft.enabled=false", "grpo.eval_every=100"])
+    policy = load_policy(config.model, adapter=warm_start, trainable=False)
+    dtype = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[policy.dtype]
+    prompts = _prompts(policy, config, max(BATCHES) // config.rollout.num_generations)
+    results: dict[str, Any] = {"dtype": dtype, "new_tokens": NEW_TOKENS, "G": config.rollout.num_generations,
+                               "mean_prompt_tokens": round(sum(map(len, prompts)) / len(prompts), 1),
+                               "load_average_1m_at_start": round(os.getloadavg()[0], 2)}
+    with tempfile.TemporaryDirectory() as state, \
+            local_vllm_server(Path(state), model=resolve_model_path(config.model.policy), dtype=dtype) as server:
+        config = config.model_copy(update={"rollout": config.rollout.model_copy(update={"vllm_url": server["url"]})})
+        results["generate_tokens_per_s"] = {engine: _throughput(policy, config, prompts, engine) for engine in ENGINES}
+        del policy
+        results["step_seconds"] = {}
+        for engine in ENGINES:
+            engine_config = config.model_copy(update={"rollout": config.rollout.model_copy(update={"engine": engine})})
+            results["step_seconds"][engine] = _step_seconds(engine_config, warm_start)
+    return results
+
+
+def to_markdown(results: dict[str, Any]) -> str:
+    tps, steps = results["generate_tokens_per_s"], results["step_seconds"]
+    lines = ["# Benchmark: engines", "",
+             f"Rollout engines on this machine, measured in the same run: memalpha's transformers loop (`hf`) and a "
+             f"vLLM server (`vllm`, from `.venv-vllm`), both in {results['dtype']}. Generation: the default writer "
+             f"prompts ({results['mean_prompt_tokens']} tokens on average), B*G rows as B prompts sampled "
+             f"G={results['G']} times, {results['new_tokens']} new tokens a row, the whole call timed. GRPO step: "
+             "configs/default.yaml from the shipped warm start, the mean of steps 2 and 3.", "",
+             "| engine | " + " | ".join(f"tokens/s at B*G={n}" for n in tps["hf"]) + " | GRPO step seconds |",
+             "|---|" + "---|" * (len(tps["hf"]) + 1)]
+    for engine in tps:
+        lines.append(f"| {engine} | " + " | ".join(str(v) for v in tps[engine].values()) + f" | {steps[engine]} |")
+    return "\n".join(lines) + "\n"
