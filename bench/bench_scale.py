@@ -89,6 +89,53 @@ def run() -> dict[str, Any]:
     }
 
 
+GPU_RESULTS = learning.ROOT / "bench" / "results" / "rollout_gpu.json"
+# Assumptions of the projection (not measured here; docs/TRAINING.md): a ring all-reduce moves 2(N-1)/N of
+# the gradient through each GPU; NVLink inside an 8-GPU node and InfiniBand between nodes; a 4B policy's
+# decode step is launch-bound like the 135M's on the hf engine (scaled by its 36 layers against 30), and
+# takes ~8 ms with vLLM's CUDA graphs; its update runs at 40% of an H100's 990 bf16 TFLOP/s.
+NVLINK_GBPS, INFINIBAND_GBPS = 300.0, 25.0
+LORA_PARAMS = {"SmolLM2-135M (default)": 4.88e6, "Qwen3-4B (paper)": 33.0e6}
+HF_DECODE_S_135M, VLLM_DECODE_S_4B, UPDATE_FLOPS = 0.040, 0.008, 0.4 * 990e12
+PAPER = {"chunks": 32, "completion": 192, "prompt": 4096, "G": 8}
+
+
+def allreduce_seconds(params: float, gpus: int) -> float:
+    if gpus == 1:
+        return 0.0
+    bandwidth = (NVLINK_GBPS if gpus <= 8 else INFINIBAND_GBPS) * 1e9
+    return 2 * (gpus - 1) / gpus * params * 4 / bandwidth
+
+
+def projection(gpu_step_seconds: float) -> list[str]:
+    """A step at 1, 8 and 32 GPUs, one instance a GPU (so a step takes N instances): the single-GPU step
+    plus the all-reduce of the LoRA gradients (fp32)."""
+    p = PAPER
+    decode_steps = p["chunks"] * p["completion"]
+    update_tokens = p["chunks"] * (p["prompt"] + p["G"] * p["completion"])  # shared-prompt update
+    update_4b = 6 * 4e9 * update_tokens / UPDATE_FLOPS
+    step_4b = {"hf": decode_steps * HF_DECODE_S_135M * 36 / 30 + update_4b, "vllm": decode_steps * VLLM_DECODE_S_4B + update_4b}
+    rows = [("SmolLM2-135M (default)", "hf", gpu_step_seconds),
+            ("Qwen3-4B (paper)", "hf", step_4b["hf"]), ("Qwen3-4B (paper)", "vllm", step_4b["vllm"])]
+    lines = ["", "## Projection: a step on 1, 8 and 32 GPUs (not measured)", "",
+             "Data-parallel with one instance a GPU, so N GPUs take N instances a step in the single-GPU step's time "
+             "plus the all-reduce of the LoRA gradients (fp32; ring; NVLink 300 GB/s within 8 GPUs, InfiniBand "
+             "25 GB/s across nodes). The default policy's step is the one measured on an H200 "
+             f"({gpu_step_seconds} s, [rollout_gpu.md](rollout_gpu.md)). The 4B step is the paper's shape "
+             f"({p['chunks']} chunks, G={p['G']}, {p['completion']}-token completions, ~{p['prompt']}-token prompts): "
+             f"{decode_steps:,} sequential decode steps at ~{HF_DECODE_S_135M * 36 / 30 * 1000:.0f} ms each on the hf "
+             f"engine (launch-bound like the 135M's 40 ms, 36 layers against 30) or an assumed ~{VLLM_DECODE_S_4B * 1000:.0f} ms "
+             f"on vLLM, plus the shared-prompt update ({update_tokens:,} tokens, 6 x 4e9 FLOP a token at 40% of an "
+             f"H100's bf16 peak: {update_4b:.0f} s).", "",
+             "| policy | engine | 1 GPU (s) | 8 GPUs (s) | 32 GPUs (s) | all-reduce at 32 (ms) |", "|---|---|---|---|---|---|"]
+    for name, engine, step in rows:
+        cells = [f"{step + allreduce_seconds(LORA_PARAMS[name], n):.1f}" for n in (1, 8, 32)]
+        lines.append(f"| {name} | {engine} | " + " | ".join(cells) + f" | {allreduce_seconds(LORA_PARAMS[name], 32) * 1000:.1f} |")
+    lines += ["", "The all-reduce stays at about 10 ms or less: N GPUs give N times the instances a step at the same "
+              "step time, and the paper's 4B recipe is bound by sequential decoding, which vLLM shortens."]
+    return lines
+
+
 def to_markdown(results: dict[str, Any]) -> str:
     s = results["settings"]
     lines = ["# Benchmark: scale", "",
@@ -100,4 +147,6 @@ def to_markdown(results: dict[str, Any]) -> str:
     lines += ["", "GRPO step of the recipe at B=2 (G=8) under torchrun, step 2:", "",
               "| processes | step seconds | all-reduce seconds |", "|---|---|---|"]
     lines += [f"| {p} | {sec} | {results['allreduce_seconds'][p]} |" for p, sec in results["step_seconds"].items()]
+    if GPU_RESULTS.is_file():
+        lines += projection(json.loads(GPU_RESULTS.read_text())["results"]["step_seconds"])
     return "\n".join(lines) + "\n"

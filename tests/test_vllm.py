@@ -144,7 +144,7 @@ def cli_args(config) -> list[str]:
             "grpo.sampling", "grpo.loss_type", "grpo.advantage_grouping", "grpo.learning_rate", "grpo.warmup_steps")
     flat = config.flat()
     return [x for k in keys for x in ("--set", f"{k}={flat[k]}")] + [
-        "--set", "sft.enabled=true", "--set", "grpo.steps=2", "--set", "grpo.checkpoint_every=1", "--set", "grpo.eval_every=2"]
+        "--set", "sft.enabled=true", "--set", "grpo.steps=2", "--set", "grpo.checkpoint_every=1", "--set", "grpo.eval_every=100"]
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
@@ -188,18 +188,18 @@ def test_memalpha_train_on_vllm_resumes_after_kill_9_with_the_same_data_and_seed
         assert all(torch.equal(x[k], y[k]) for k in x), f"step {step} differs after the resume"
 
 
-def test_a_server_that_dies_mid_step_is_a_clear_error_and_the_run_resumes(tmp_path):
+def test_a_server_that_dies_mid_step_is_a_clear_error_and_the_run_resumes(server, tmp_path):
+    """Kills the module's server: the last test of the module."""
     data = make_dataset(tmp_path / "data")
-    with local_vllm_server(tmp_path / "vllm", model=resolve_model_path(POLICY), dtype="float32") as srv:
-        run = train(cli_args(vllm_config(data, srv["url"])), tmp_path / "run")
-        wait_for(checkpoint_dir(tmp_path / "run", 1), run)
-        os.killpg(srv["pid"], signal.SIGKILL)
-        out, _ = run.communicate(timeout=900)
+    run = train(cli_args(vllm_config(data, server["url"])), tmp_path / "run")
+    wait_for(checkpoint_dir(tmp_path / "run", 1), run)
+    os.killpg(server["pid"], signal.SIGKILL)
+    out, _ = run.communicate(timeout=900)
     assert run.returncode == 3, out[-3000:]
     assert "vLLM server" in out and "did not answer" in out and "Traceback" not in out, out[-3000:]
     assert [m["step"] for m in metrics(tmp_path / "run")] == [1]  # nothing of step 2 was logged
-    with local_vllm_server(tmp_path / "vllm2", model=resolve_model_path(POLICY), dtype="float32") as srv:
-        resumed = train(cli_args(vllm_config(data, srv["url"])), tmp_path / "run")
+    with local_vllm_server(tmp_path / "vllm", model=resolve_model_path(POLICY), dtype="float32") as restarted:
+        resumed = train(cli_args(vllm_config(data, restarted["url"])), tmp_path / "run")
         out, _ = resumed.communicate(timeout=900)
     assert resumed.returncode == 0 and "resumed at step 1" in out, out[-3000:]
     assert [m["step"] for m in metrics(tmp_path / "run")] == [1, 2]
