@@ -56,7 +56,7 @@ browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null)
 
 test: setup browser vllm
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=10
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not integration and not browser"

@@ -114,7 +114,7 @@ def test_greedy_vllm_writes_the_hf_engines_tool_calls(server, tmp_path):
 
     config = vllm_config(tmp_path, server["url"], "rollout.max_completion_length=192")
     policy = load_policy(config.model, adapter=REPO / "adapters" / "writer", trainable=False)
-    prompts = writer_prompts(policy, config, 8)
+    prompts = writer_prompts(policy, config, 4)
     texts = {}
     for engine in ("hf", "vllm"):
         rcfg = config.rollout.model_copy(update={"engine": engine})
@@ -150,7 +150,8 @@ def cli_args(config) -> list[str]:
             "grpo.sampling", "grpo.loss_type", "grpo.advantage_grouping", "grpo.learning_rate", "grpo.warmup_steps")
     flat = config.flat()
     return [x for k in keys for x in ("--set", f"{k}={flat[k]}")] + [
-        "--set", "sft.enabled=true", "--set", "grpo.steps=2", "--set", "grpo.checkpoint_every=1", "--set", "grpo.eval_every=100"]
+        "--set", "sft.enabled=true", "--set", "grpo.steps=2", "--set", "grpo.checkpoint_every=1", "--set", "grpo.eval_every=100",
+        "--set", "eval.max_instances=1"]
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
