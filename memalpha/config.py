@@ -172,8 +172,6 @@ class RolloutConfig(_Section):
     (bench/results/engines.md); vllm is the GPU engine."""
     vllm_url: str = "http://127.0.0.1:8100"
     """The vLLM server of `engine=vllm` (`bash infra/vllm.sh start` serves the policy there)."""
-    vllm_timeout_s: float = Field(600.0, gt=0)
-    """Longest wait for one vLLM request before the step fails (and is resumed like a crashed step)."""
 
 
 class GRPOConfig(_Section):

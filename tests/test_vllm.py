@@ -54,7 +54,7 @@ def vllm_config(data: Path, url: str, *overrides: str):
         f"model.policy={POLICY}", "model.lora_r=16", "model.lora_alpha=32", f"data.train_path={data}", "sft.enabled=false",
         "rollout.engine=vllm", f"rollout.vllm_url={url}", "rollout.instances_per_step=1", "rollout.num_generations=4",
         "rollout.max_completion_length=48", "grpo.sampling=step", "grpo.loss_type=dr_grpo",
-        "grpo.advantage_grouping=chunk", "grpo.learning_rate=1e-3", "grpo.warmup_steps=0", *overrides])
+        "grpo.advantage_grouping=chunk", "grpo.learning_rate=1e-3", "grpo.warmup_steps=0", "eval.max_instances=1", *overrides])
 
 
 def logp_gap(model, samples, temperature: float) -> tuple[float, float]:
@@ -112,7 +112,7 @@ def test_greedy_vllm_writes_the_hf_engines_tool_calls(server, tmp_path):
     from memalpha.env.parsing import parse_tool_calls
     from memalpha.models.policy import load_policy
 
-    config = vllm_config(tmp_path, server["url"], "rollout.max_completion_length=192")
+    config = vllm_config(tmp_path, server["url"], "rollout.max_completion_length=128")
     policy = load_policy(config.model, adapter=REPO / "adapters" / "writer", trainable=False)
     prompts = writer_prompts(policy, config, 4)
     texts = {}
@@ -147,11 +147,11 @@ def train(config_args: list[str], out: Path) -> subprocess.Popen:
 def cli_args(config) -> list[str]:
     keys = ("model.policy", "model.lora_r", "model.lora_alpha", "data.train_path", "rollout.engine",
             "rollout.vllm_url", "rollout.instances_per_step", "rollout.num_generations", "rollout.max_completion_length",
-            "grpo.sampling", "grpo.loss_type", "grpo.advantage_grouping", "grpo.learning_rate", "grpo.warmup_steps")
+            "grpo.sampling", "grpo.loss_type", "grpo.advantage_grouping", "grpo.learning_rate", "grpo.warmup_steps",
+            "eval.max_instances")
     flat = config.flat()
     return [x for k in keys for x in ("--set", f"{k}={flat[k]}")] + [
-        "--set", "sft.enabled=true", "--set", "grpo.steps=2", "--set", "grpo.checkpoint_every=1", "--set", "grpo.eval_every=100",
-        "--set", "eval.max_instances=1"]
+        "--set", "sft.enabled=true", "--set", "grpo.steps=2", "--set", "grpo.checkpoint_every=1", "--set", "grpo.eval_every=100"]
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600) -> None:

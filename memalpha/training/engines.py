@@ -33,6 +33,8 @@ from memalpha.errors import ServiceError, UserError
 from memalpha.training.generation import Generation, generate
 
 SEED_RANGE = 2**31 - 1
+REQUEST_TIMEOUT_S = 600.0
+"""Longest wait for one vLLM request before the step fails (and is resumed like a crashed step)."""
 
 
 class EngineError(ServiceError):
@@ -83,7 +85,7 @@ _CLIENTS: dict[str, VLLMClient] = {}
 def vllm_client(rcfg: RolloutConfig) -> VLLMClient:
     """One client per server URL in this process, so the adapter it loaded is remembered between calls."""
     if rcfg.vllm_url not in _CLIENTS:
-        _CLIENTS[rcfg.vllm_url] = VLLMClient(rcfg.vllm_url, timeout=rcfg.vllm_timeout_s)
+        _CLIENTS[rcfg.vllm_url] = VLLMClient(rcfg.vllm_url, timeout=REQUEST_TIMEOUT_S)
     return _CLIENTS[rcfg.vllm_url]
 
 
