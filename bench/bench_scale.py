@@ -142,7 +142,10 @@ def to_markdown(results: dict[str, Any]) -> str:
              f"Evaluation of {s['instances']} held-out instances ({s['questions']} questions; methods {', '.join(s['methods'])}; "
              f"policy {s['policy']}; {s['reader']} reader), serially and on a local Ray. Starting a local Ray and running one "
              f"empty task: {results['ray_start_seconds']} s (inside the Ray rows). Same report on Ray as serially: "
-             f"{results['same_report']}.", "", "| workers | eval seconds |", "|---|---|"]
+             f"{results['same_report']}" + ("" if results["same_report"] else
+             " (a Ray task runs torch on one thread, so the bf16 policy's greedy decoding flips on near-ties; "
+             "a serial run on one thread gives the Ray run's scores: docs/EVALUATION.md)") + ".",
+             "", "| workers | eval seconds |", "|---|---|"]
     lines += [f"| {w} | {sec} |" for w, sec in results["eval_seconds"].items()]
     lines += ["", "GRPO step of the recipe at B=2 (G=8) under torchrun, step 2:", "",
               "| processes | step seconds | all-reduce seconds |", "|---|---|---|"]
