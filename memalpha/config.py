@@ -171,7 +171,7 @@ class RolloutConfig(_Section):
     server the adapter is hot-swapped into each step (memalpha/training/engines.py). hf is faster on a CPU
     (bench/results/engines.md); vllm is the GPU engine."""
     vllm_url: str = "http://127.0.0.1:8100"
-    """The vLLM server of `engine=vllm` (`bash infra/vllm.sh start` serves the policy there)."""
+    """The vLLM server of `engine=vllm` (`bash infra/servers.sh start-vllm` serves the policy there)."""
 
 
 class GRPOConfig(_Section):

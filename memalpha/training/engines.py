@@ -6,7 +6,7 @@ held-out evaluation, `memalpha eval --methods policy`) calls `sampling` once per
 merged into the weights for the duration.
 
 `vllm`: a vLLM OpenAI-compatible server in its own process and environment (`make vllm`, then
-`infra/vllm.sh start`), serving the policy's base model with LoRA enabled. `sampling` hot-swaps the
+`bash infra/servers.sh start-vllm`), serving the policy's base model with LoRA enabled. `sampling` hot-swaps the
 policy's current LoRA into it when its weights changed since the last load (saved to a folder, loaded
 under a new name, the previous one unloaded); `sample` sends one completion request per prompt with
 `n` = its copies, the run's temperature and top-p and a seed drawn from the run's sampling generator, so
@@ -119,18 +119,27 @@ class VLLMClient:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
+            self._forget_adapter()
             raise EngineError(f"vLLM server {self.url} did not answer {path} ({type(exc).__name__}: {exc}); "
-                              "restart it (`bash infra/vllm.sh start`) and resume the run") from exc
+                              "restart it (`bash infra/servers.sh start-vllm`) and resume the run") from exc
         if response.status_code >= 400:
+            self._forget_adapter()
             raise EngineError(f"vLLM server {self.url} refused {path}: HTTP {response.status_code} {response.text[:500]}")
         return response
+
+    def _forget_adapter(self) -> None:
+        """After a failed request the server may be a restarted one without our adapter: the next `sync`
+        loads it again (a retried step in the same process, e.g. a Prefect task retry)."""
+        if self.adapter_dir is not None:
+            shutil.rmtree(self.adapter_dir, ignore_errors=True)
+        self.adapter_name, self.adapter_dir, self.fingerprint = None, None, None
 
     def _models(self) -> list[dict]:
         try:
             return self._request("GET", "/v1/models").json()["data"]
         except EngineError as exc:
             raise UserError(f"rollout.engine=vllm: no vLLM server answers at rollout.vllm_url={self.url} ({exc}). "
-                            "Install it with `make vllm` and start it with `bash infra/vllm.sh start` (or "
+                            "Install it with `make vllm` and start it with `bash infra/servers.sh start-vllm` (or "
                             "`make up VLLM=1`), or set rollout.vllm_url") from exc
 
     def check_serves(self, policy_path: str) -> None:
@@ -164,7 +173,8 @@ class VLLMClient:
             seeds = torch.randint(SEED_RANGE, (len(prompts),), generator=generator, device=generator.device).tolist()
         else:
             seeds = [0] * len(prompts)
-        body = {"model": self.adapter_name or self.base_model, "n": copies, "max_tokens": max_new_tokens,
+        # vLLM refuses n > 1 when greedy; greedy copies are identical, so one is asked and repeated
+        body = {"model": self.adapter_name or self.base_model, "n": 1 if greedy else copies, "max_tokens": max_new_tokens,
                 "temperature": 0.0 if greedy else temperature, "top_p": 1.0 if greedy else top_p,
                 "logprobs": 0, "return_tokens_as_token_ids": True, "stop_token_ids": sorted(set(eos_token_ids)),
                 "skip_special_tokens": False, "ignore_eos": not eos_token_ids}  # no end tokens: run to max_tokens
@@ -176,7 +186,8 @@ class VLLMClient:
                          prefilled_prompts=len({tuple(p) for p in prompts}))
         eos = set(eos_token_ids)
         for answer in answers:
-            for choice in sorted(answer["choices"], key=lambda c: c["index"]):
+            choices = sorted(answer["choices"], key=lambda c: c["index"])
+            for choice in choices * copies if greedy else choices:
                 ids = [int(token.split(":", 1)[1]) for token in choice["logprobs"]["tokens"]]
                 logps = [float(x) for x in choice["logprobs"]["token_logprobs"]]
                 out.completion_ids.append(ids)
