@@ -120,6 +120,10 @@ class ModelConfig(_Section):
     openai_api_key_env: str = "OPENAI_API_KEY"
     """Name of the environment variable holding the key; the key itself is never stored in config."""
     reader_max_new_tokens: int = Field(32, ge=1)
+    fsdp: bool = False
+    """Shard the frozen base weights over the training processes with FSDP2 (torchrun, N > 1), for a policy
+    that does not fit one device; the LoRA stays whole on every process. Needs `rollout.engine=vllm` and
+    a reader and judge other than the local policy (docs/TRAINING.md, "Policies larger than one GPU")."""
 
 
 class DataConfig(_Section):
@@ -337,6 +341,16 @@ class RunConfig(_Section):
         if self.reward.qa_metric == "llm_judge":
             raise ValueError(f"reward.qa_metric=llm_judge needs an answer judge, and none is wired: model.judge="
                              f"{self.model.judge} judges memory writes (reward.judge=llm) only; choose another reward.qa_metric")
+        if self.model.fsdp:
+            # a sharded forward pass is collective: each must run on every process in step, which only the
+            # update guarantees; sampling, the local reader and the local judge run on one process at a time
+            if self.rollout.engine != "vllm":
+                raise ValueError("model.fsdp=true needs rollout.engine=vllm: the hf engine samples from the "
+                                 "unsharded policy (set rollout.engine=vllm and start a vLLM server)")
+            if self.model.reader == "local" or (self.reward.judge == "llm" and self.model.judge == "local"):
+                raise ValueError("model.fsdp=true: model.reader=local and model.judge=local run the policy's "
+                                 "base weights in one process; use the evidence or openai reader and the "
+                                 "rule or openai judge")
         starts = [start for start, _ in self.data.chunk_curriculum]
         if starts and (starts[0] != 0 or starts != sorted(set(starts))):
             raise ValueError(f"data.chunk_curriculum: first steps must start at 0 and increase, got {starts}")
@@ -355,9 +369,10 @@ class RunConfig(_Section):
 
 
 NOT_TRAINING = ("name", "output_dir", "tracking.", "eval.", "grpo.steps", "grpo.eval_every", "time_budget_minutes",
-                "rollout.vllm_")
+                "rollout.vllm_", "model.fsdp")
 """Fields (or dotted prefixes) that do not change what a training step computes: names, paths, tracking,
-evaluation, where the vLLM server is, and how long a run goes (a run can be extended)."""
+evaluation, where the vLLM server is, how the base weights are held, and how long a run goes (a run can
+be extended)."""
 
 
 def training_fields(dump: dict[str, Any]) -> dict[str, Any]:

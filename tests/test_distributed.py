@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import time
@@ -40,7 +41,9 @@ def finished(proc: subprocess.Popen, timeout: float = 600) -> str:
     return out
 
 
-def test_two_processes_take_the_update_one_process_takes_on_the_same_rollouts(tmp_path):
+def test_two_processes_sharded_or_not_take_the_update_one_process_takes_on_the_same_rollouts(tmp_path):
+    """Data-parallel, and with the base weights sharded (model.fsdp), on rollouts where one rank has fewer
+    micro-batches than the other (it runs idle passes under FSDP)."""
     config = tiny_config(make_dataset(tmp_path / "data"), "grpo.micro_batch_size=2")
     trainer = Trainer(config, tmp_path / "sampled")
     instances = trainer._next_instances()
@@ -51,20 +54,35 @@ def test_two_processes_take_the_update_one_process_takes_on_the_same_rollouts(tm
     advantages, _ = compute_advantages(rewards, group_ids([s.instance_index for s in samples], [s.chunk for s in samples],
                                                           config.grpo.advantage_grouping), config.grpo.scale_rewards)
     assert advantages.abs().sum() > 0  # a real update
-    (tmp_path / "samples.pkl").write_bytes(pickle.dumps((samples, advantages.tolist(), len(instances))))
-    (tmp_path / "config.json").write_text(config.model_dump_json())
+    # the instance that learns keeps all its samples, the other one sample: the ranks' shares differ
+    learning = max(range(len(instances)), key=lambda i: float(sum(abs(a) for s, a in zip(samples, advantages) if s.instance_index == i)))
+    kept = [j for j, s in enumerate(samples) if s.instance_index == learning
+            or j == min(k for k, t in enumerate(samples) if t.instance_index == s.instance_index)]
+    (tmp_path / "samples.pkl").write_bytes(pickle.dumps(([samples[j] for j in kept], [float(advantages[j]) for j in kept],
+                                                         len(instances))))
+    (tmp_path / "plain.json").write_text(config.model_dump_json())
+    sharded = tiny_config(tmp_path / "data", "grpo.micro_batch_size=2", "model.fsdp=true", "rollout.engine=vllm")
+    (tmp_path / "fsdp.json").write_text(sharded.model_dump_json())
     script = str(REPO / "tests" / "distributed_update.py")
-    for processes in (1, 2):
-        finished(torchrun(processes, script, str(tmp_path / "config.json"), str(tmp_path / "samples.pkl"),
-                          str(tmp_path / f"run{processes}"), str(tmp_path / f"adapter{processes}")))
+    outputs = {}
+    for name, processes, config_file in (("one", 1, "plain.json"), ("two", 2, "plain.json"), ("fsdp", 2, "fsdp.json")):
+        outputs[name] = finished(torchrun(processes, script, str(tmp_path / config_file), str(tmp_path / "samples.pkl"),
+                                          str(tmp_path / f"run-{name}"), str(tmp_path / name)))
+    counts = sorted(int(n) for n in re.findall(r"rank \d: (\d+) micro-batches", outputs["fsdp"]))
+    assert len(counts) == 2 and counts[0] < counts[1], outputs["fsdp"][-2000:]
+    whole = int(re.search(r"(\d+) parameter values held", outputs["one"]).group(1))
+    held = [int(n) for n in re.findall(r"(\d+) parameter values held", outputs["fsdp"])]
+    assert len(held) == 2 and all(n < 0.55 * whole for n in held), (whole, held)  # half the base, all of the LoRA
 
-    one, two = load_file(tmp_path / "adapter1" / WEIGHTS), load_file(tmp_path / "adapter2" / WEIGHTS)
+    adapters = {name: load_file(tmp_path / name / WEIGHTS) for name in ("one", "two", "fsdp")}
     start = load_file(trainer.policy.save_adapter(tmp_path / "start") / WEIGHTS)
+    one = adapters["one"]
     moved = max(float((one[k] - start[k]).abs().max()) for k in one)
-    differs = max(float((one[k] - two[k]).abs().max()) for k in one)
-    print(f"largest weight change of the update {moved:.2e}; largest difference 1 vs 2 processes {differs:.2e}")
-    # the same sums in another order (two partial gradients added by gloo): float32 rounding only
-    assert moved > 1e-4 and differs <= 1e-6
+    differs = {name: max(float((one[k] - adapters[name][k]).abs().max()) for k in one) for name in ("two", "fsdp")}
+    print(f"largest weight change of the update {moved:.2e}; largest difference from one process: {differs}")
+    # the same sums in another order (partial gradients added by gloo; under FSDP each prompt also runs
+    # once per completion instead of once per group): float32 rounding only
+    assert moved > 1e-4 and max(differs.values()) <= 1e-6
 
 
 def test_a_two_process_run_killed_mid_run_resumes_to_the_uninterrupted_runs_adapter(tmp_path):

@@ -226,13 +226,23 @@ def _prepare_tokenizer(tokenizer) -> None:
     tokenizer.padding_side = "left"
 
 
-def load_pretrained(policy: str, dtype: torch.dtype, device: torch.device):
-    """(model, tokenizer) for the default name, a local path or a hub id."""
-    from transformers import AutoModelForCausalLM
+def load_base(policy: str, dtype: torch.dtype, device: torch.device, *, seed: int = 0, empty: bool = False):
+    """(model, tokenizer) of the base policy: `tiny` (weights from `seed`), the default name, a local path or
+    a hub id. `empty`: the model's structure on the meta device, no weights read (a sharded load fills it)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
+    if policy == TINY_POLICY:
+        model, tokenizer = build_tiny(seed=seed, dtype=dtype, device=torch.device("meta") if empty else device)
+        if empty:
+            model.tie_weights()  # moving to the meta device gives tied weights separate tensors
+        return model, tokenizer
     path = resolve_model_path(policy)
     tokenizer = load_tokenizer(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    if empty:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     model.eval()
     return model, tokenizer
 

@@ -17,11 +17,9 @@ import torch
 
 from memalpha.config import ModelConfig
 from memalpha.models.loading import (
-    TINY_POLICY,
-    build_tiny,
     choose_device,
     choose_dtype,
-    load_pretrained,
+    load_base,
 )
 from memalpha.tokens import TokenCounter, tokenizer_counter
 from memalpha.training.generation import generate, left_pad
@@ -219,10 +217,7 @@ def load_policy(
 
     device = choose_device(model_cfg.device)
     dtype = choose_dtype(model_cfg.dtype, device)
-    if model_cfg.policy == TINY_POLICY:
-        base, tokenizer = build_tiny(seed=seed, dtype=dtype, device=device)
-    else:
-        base, tokenizer = load_pretrained(model_cfg.policy, dtype, device)
+    base, tokenizer = load_base(model_cfg.policy, dtype, device, seed=seed)
     torch.manual_seed(seed)
     if adapter is not None:
         adapter_dir = check_adapter_dir(adapter)

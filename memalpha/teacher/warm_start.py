@@ -84,13 +84,17 @@ def prepare_warm_start(config: RunConfig, run_dir: str | Path, on_log: Callable[
     if not config.sft.enabled or not needs_warm_start(run_dir):
         return None
     out = run_dir / SFT_DIR
-    if not (out / ADAPTER_FILE).is_file():
-        wanted, kept = record.warm_start_hash(config), record.read_record(shipped)
-        if kept is not None and kept["hash"] == wanted:
-            log.info("warm start: %s matches this recipe (hash %s): reused, not trained", shipped, wanted)
-            return record.restore(shipped, out)
-        log.info("warm start: this recipe hashes to %s, %s: training it (`make warm-start` rebuilds the shipped one)",
-                 wanted, "the shipped one to " + kept["hash"] if kept else "none is shipped")
+    if (out / ADAPTER_FILE).is_file():
+        return out
+    wanted, kept = record.warm_start_hash(config), record.read_record(shipped)
+    if kept is not None and kept["hash"] == wanted:
+        log.info("warm start: %s matches this recipe (hash %s): reused, not trained", shipped, wanted)
+        return record.restore(shipped, out)
+    if config.model.fsdp:
+        raise UserError(f"model.fsdp=true: the warm start trains the whole policy in one process; put a warm-start "
+                        f"adapter in {out} (`memalpha sft` where the policy fits), or set sft.enabled=false")
+    log.info("warm start: this recipe hashes to %s, %s: training it (`make warm-start` rebuilds the shipped one)",
+             wanted, "the shipped one to " + kept["hash"] if kept else "none is shipped")
     policy = load_policy(config.model, seed=config.grpo.seed)
     synth = record.WARM_START_DATA if config.sft.data_path == SFTConfig().data_path else None
     data = load_training_data(config, policy.tokenizer, config.sft.data_path or None, synth)

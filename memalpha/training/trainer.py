@@ -50,7 +50,7 @@ from memalpha.training.data import (
     load_training_data,
     truncate_for_training,
 )
-from memalpha.training.distributed import init_world
+from memalpha.training.distributed import init_world, load_sharded_policy
 from memalpha.training.engines import check_engine
 from memalpha.training.generation import left_pad, right_pad, shareable_prefix_length
 from memalpha.training.grpo import (
@@ -121,7 +121,10 @@ class Trainer:
             raise UserError(f"rollout.instances_per_step={config.rollout.instances_per_step} cannot be shared by "
                             f"{self.world.size} processes: set it to a multiple of {self.world.size}")
         check_engine(config.rollout, config.model.policy)
-        self.policy = load_policy(config.model, seed=cfg.seed)
+        self.sharded = config.model.fsdp
+        """The base weights are sharded over the ranks: every rank runs the same forward passes."""
+        self.policy = (load_sharded_policy(config.model, self.world, seed=cfg.seed) if self.sharded
+                       else load_policy(config.model, seed=cfg.seed))
         loaded = load_training_data(config, self.policy.tokenizer)
         self.data = loaded.splits
         self.dropped_instances = loaded.dropped
@@ -276,7 +279,12 @@ class Trainer:
             for iteration in range(cfg.num_iterations):
                 self.optimizer.zero_grad(set_to_none=True)
                 prefix = self._shared_prefix(samples, micro)
-                for k, (chosen, shared) in enumerate(micro):
+                # a sharded pass gathers weights from every rank: ranks with fewer micro-batches run idle passes
+                for k in range(world.max(len(micro)) if self.sharded else len(micro)):
+                    if k >= len(micro):
+                        self._idle_pass(samples)
+                        continue
+                    chosen, shared = micro[k]
                     rows = [samples[i] for i in chosen]
                     first = iteration == 0
                     logps, entropy, mask = self._logps(rows, shared, with_entropy=first,
@@ -314,13 +322,19 @@ class Trainer:
         stats.update(zip(additive, world.sum([stats[k] for k in additive])))
         return stats
 
+    def _idle_pass(self, samples: list[Sample]) -> None:
+        """A forward and backward pass that changes no gradient (a rank's share of a sharded pass)."""
+        logps, _, _ = self._logps(samples[:1], shared=False)
+        (logps.sum() * 0).backward()
+
     def _micro_batches(self, samples: list[Sample], keep: list[int]) -> list[tuple[list[int], bool]]:
         """(sample indices, shares one prompt) per forward pass. With grpo.shared_prompt_update, the samples
         of one prompt form one pass that runs the prompt once; the rest are packed micro_batch_size at a
         time, sorted by length for less padding."""
         cfg = self.config.grpo
         by_prompt: dict[tuple[int, ...], list[int]] = {}
-        if cfg.shared_prompt_update and cfg.loss_type != "bnpo":
+        # sharded: one pass per micro-batch on every rank (a shared prompt runs two), so the ranks' passes line up
+        if cfg.shared_prompt_update and cfg.loss_type != "bnpo" and not self.sharded:
             for i in keep:
                 by_prompt.setdefault(tuple(samples[i].prompt_ids), []).append(i)
         shared = [rows for rows in by_prompt.values() if len(rows) > 1]
