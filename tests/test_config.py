@@ -111,3 +111,13 @@ def test_the_default_yaml_only_sizes_the_run():
     changed = {key for key in defaults if defaults[key] != sized[key]}
     assert changed <= {"name", "output_dir", "time_budget_minutes", "grpo.steps", "grpo.eval_every",
                        "grpo.checkpoint_every", "eval.max_instances"}
+
+
+def test_the_fsdp_recipe_changes_the_policy_and_where_it_runs_not_the_grpo_recipe():
+    """infra/fsdp.yaml is a valid run config (fsdp needs vLLM rollouts and a reader other than the local one)
+    that keeps every GRPO and reward field of the recipe."""
+    defaults, recipe = RunConfig().flat(), load_config(ROOT / "infra" / "fsdp.yaml").flat()
+    changed = {key for key in defaults if defaults[key] != recipe[key]}
+    assert changed == {"name", "output_dir", "model.policy", "model.dtype", "model.device", "model.fsdp",
+                       "rollout.engine", "rollout.instances_per_step", "sft.enabled"}
+    assert recipe["rollout.instances_per_step"] % 4 == 0  # the recipe's --nproc_per_node 4
