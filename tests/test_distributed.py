@@ -35,12 +35,14 @@ def torchrun(processes: int, *args: str, **kwargs) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kwargs)
 
 
-def kill_a_rank(launcher: subprocess.Popen) -> str:
+def kill_a_rank(launcher: subprocess.Popen, rank: int) -> str:
     """kill -9 of one training process (torchrun starts each in its own session, so killing torchrun's group
     would leave them running); torchrun then stops the other and fails. Returns the launcher's output."""
     workers = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
-    assert len(workers) >= 2, workers
-    os.kill(int(workers[-1]), signal.SIGKILL)
+    ranks = {int(dict(v.split("=", 1) for v in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in v)["RANK"]): pid
+             for pid in workers}
+    assert sorted(ranks) == [0, 1], ranks
+    os.kill(int(ranks[rank]), signal.SIGKILL)
     out, _ = launcher.communicate(timeout=300)
     assert launcher.returncode != 0, out[-3000:]
     return out
@@ -116,7 +118,7 @@ def test_a_two_process_run_killed_mid_run_resumes_to_the_uninterrupted_runs_adap
     while not checkpoint_dir(tmp_path / "killed", 1).is_dir():  # step 2 starts right after this checkpoint
         assert killed.poll() is None and time.time() < deadline, killed.communicate()[0][-3000:]
         time.sleep(0.05)
-    kill_a_rank(killed)
+    kill_a_rank(killed, rank=1)
     assert not checkpoint_dir(tmp_path / "killed", 2).exists()
     out = finished(train("killed"))
     assert "resumed at step 1" in out
