@@ -35,17 +35,28 @@ def torchrun(processes: int, *args: str, **kwargs) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kwargs)
 
 
+def rank_of(pid: str) -> int:
+    """The RANK torchrun gave a worker process."""
+    env = dict(v.split("=", 1) for v in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in v)
+    return int(env["RANK"])
+
+
 def kill_a_rank(launcher: subprocess.Popen, rank: int) -> str:
     """kill -9 of one training process (torchrun starts each in its own session, so killing torchrun's group
     would leave them running); torchrun then stops the other and fails. Returns the launcher's output."""
-    workers = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
-    ranks = {int(dict(v.split("=", 1) for v in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in v)["RANK"]): pid
-             for pid in workers}
-    assert sorted(ranks) == [0, 1], ranks
-    os.kill(int(ranks[rank]), signal.SIGKILL)
+    workers = {rank_of(pid): pid for pid in Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()}
+    assert sorted(workers) == [0, 1], workers
+    os.kill(int(workers[rank]), signal.SIGKILL)
     out, _ = launcher.communicate(timeout=300)
     assert launcher.returncode != 0, out[-3000:]
     return out
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.05)
 
 
 def finished(proc: subprocess.Popen, timeout: float = 600) -> str:
@@ -114,10 +125,7 @@ def test_a_two_process_run_killed_mid_run_resumes_to_the_uninterrupted_runs_adap
     assert [json.loads(line)["step"] for line in (whole / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
 
     killed = train("killed")
-    deadline = time.time() + 600
-    while not checkpoint_dir(tmp_path / "killed", 1).is_dir():  # step 2 starts right after this checkpoint
-        assert killed.poll() is None and time.time() < deadline, killed.communicate()[0][-3000:]
-        time.sleep(0.05)
+    wait_for(checkpoint_dir(tmp_path / "killed", 1), killed)  # step 2 starts right after this checkpoint
     kill_a_rank(killed, rank=1)
     assert not checkpoint_dir(tmp_path / "killed", 2).exists()
     out = finished(train("killed"))

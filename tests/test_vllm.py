@@ -13,14 +13,12 @@ import os
 import shutil
 import signal
 import subprocess
-import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_distributed import kill_a_rank
+from test_distributed import kill_a_rank, torchrun, wait_for
 from test_rollout import make_dataset
 
 from bench.vllm_server import installed, local_vllm_server
@@ -36,7 +34,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(not installed(), reason="no .venv-vllm: run `make vllm` to test the vLLM engine")]
 REPO = Path(__file__).resolve().parents[1]
 MEMALPHA = str(REPO / ".venv" / "bin" / "memalpha")
-TORCHRUN = str(REPO / ".venv" / "bin" / "torchrun")
 POLICY = "smollm2-135m-instruct"
 WARM_START = REPO / "adapters" / "warm-start"
 LOGP_TOLERANCE = 1e-3
@@ -144,11 +141,11 @@ def train(config_args: list[str], out: Path, processes: int = 1) -> subprocess.P
     warm start (placed as the run's own)."""
     if not (out / SFT_DIR).is_dir():
         shutil.copytree(WARM_START, out / SFT_DIR, ignore=shutil.ignore_patterns("record.json"))
-    launch = [MEMALPHA] if processes == 1 else [TORCHRUN, "--standalone", f"--nproc_per_node={processes}", "-m", "memalpha"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"} if processes > 1 else None
-    return subprocess.Popen([*launch, "train", "--config", "configs/tiny.yaml", *config_args, "--set", f"output_dir={out}"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env=env)
+    args = ["train", "--config", "configs/tiny.yaml", *config_args, "--set", f"output_dir={out}"]
+    if processes > 1:
+        return torchrun(processes, "-m", "memalpha", *args)
+    return subprocess.Popen([MEMALPHA, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
 
 
 def cli_args(config) -> list[str]:
@@ -159,13 +156,6 @@ def cli_args(config) -> list[str]:
     flat = config.flat()
     return [x for k in keys for x in ("--set", f"{k}={flat[k]}")] + [
         "--set", "sft.enabled=true", "--set", "grpo.steps=2", "--set", "grpo.checkpoint_every=1", "--set", "grpo.eval_every=100"]
-
-
-def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
-    deadline = time.time() + timeout
-    while not path.exists():
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
-        time.sleep(0.05)
 
 
 def metrics(run: Path) -> list[dict]:
