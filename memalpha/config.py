@@ -128,7 +128,7 @@ class ModelConfig(_Section):
 
 class DataConfig(_Section):
     train_path: str = "data/synth"
-    """Prepared dataset folder (as written by `memalpha data prep` or `data synth`)."""
+    """Prepared dataset folder (as written by `memalpha data prep` or `data synth`); unused when `mix` is set."""
     chunk_tokens: int = Field(2048, ge=512, le=4096)
     """Chunk size used when chunking raw conversations."""
     competencies: list[str] = ["accurate_retrieval", "conflict_resolution"]
@@ -154,6 +154,14 @@ class DataConfig(_Section):
     """Train/validation/test shares of instances (normalised to sum to 1)."""
     split_seed: int = 0
     """Seed of the hash that assigns each instance to a split."""
+    train_window_tokens: int = Field(2048, ge=0)
+    """LoCoMo and PerLTQA: training conversations are cut into windows of consecutive sessions of at most
+    this many tokens, each with the questions whose evidence lies inside (0: kept whole;
+    `memalpha.data.conversations`). 2048 = the 4 chunks of 512 tokens of a synthetic training instance."""
+    mix: dict[str, float] = {}
+    """GRPO training data as {prepared dataset folder: weight}, e.g. {"data/synth": 2, "data/locomo": 1}:
+    each folder's train split is repeated or cut so its share of an epoch is its weight's share; validation
+    interleaves the folders. Empty: `train_path` alone."""
 
 
 class RolloutConfig(_Section):
@@ -254,6 +262,14 @@ class SFTConfig(_Section):
     patience: int = Field(1, ge=1)
     """Stop after this many epochs without `min_delta` more held-out evidence recall; the best epoch's adapter is kept."""
     min_delta: float = Field(0.01, ge=0)
+    mix: dict[str, float] = {}
+    """Demonstration data as {prepared dataset folder: weight} (e.g. synthetic plus LoCoMo and PerLTQA training
+    windows): each folder gives its weight's share of `num_demonstrations`, from its train split, labelled by
+    the teacher that fits it (`teacher.demonstrations`); held-out checks interleave the validation splits.
+    Empty: `data_path` alone."""
+    init_adapter: str = ""
+    """Start SFT from this adapter folder (e.g. adapters/warm-start) instead of a fresh LoRA: a warm start
+    for new data that keeps what the shipped one learned."""
 
     @model_validator(mode="after")
     def _accumulates(self) -> SFTConfig:

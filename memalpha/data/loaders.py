@@ -24,7 +24,7 @@ from memalpha.data.io import (
 )
 from memalpha.data.schema import DataError, Instance, Question, answer_to_str
 
-SOURCES = ("synthetic", "memalpha", "memoryagentbench", "locomo", "jsonl")
+SOURCES = ("synthetic", "memalpha", "memoryagentbench", "locomo", "perltqa", "jsonl")
 
 LOCOMO_CATEGORIES = {1: "multi_hop", 2: "temporal", 3: "open_domain", 4: "single_hop", 5: "adversarial"}
 _DIA_ID = re.compile(r"D\d+:\d+")
@@ -42,6 +42,8 @@ class RawInstance:
     evidence_turns: dict[str, list[str]] = field(default_factory=dict)
     """question_id -> ids of the turns that hold the answer."""
     metadata: dict[str, Any] = field(default_factory=dict)
+    split: str = ""
+    """train/validation/test when the source fixes it (by conversation), else empty."""
 
 
 @dataclass
@@ -51,22 +53,32 @@ class Loaded:
     items: list[Instance | RawInstance]
     origins: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    """Questions the loader dropped, as rows of the rejected table (io.REJECTED_COLUMNS)."""
 
 
 def to_instance(item: Instance | RawInstance, tokenizer: Any, chunk_tokens: int) -> Instance:
-    """Chunk a raw instance (evidence turn ids become chunk indices); instances pass through unchanged."""
+    """Chunk a raw instance (evidence turn ids become chunk indices); instances pass through unchanged.
+    The evidence turns themselves are kept in metadata (`evidence_turns`: question id -> [{chunk,
+    speaker, date, text}]) for the teacher that stores them (`teacher.evidence_writer`)."""
     if isinstance(item, Instance):
         return item
     chunked = chunk_turns(item.turns, tokenizer, chunk_tokens)
-    questions = []
+    by_id = {t.turn_id: t for t in item.turns if t.turn_id is not None}
+    questions, lines = [], {}
     for q in item.questions:
         turn_ids = item.evidence_turns.get(q.question_id)
         if turn_ids is not None:
             found = sorted({c for tid in turn_ids for c in chunked.turn_chunks.get(tid, [])})
             q = Question(q.question_id, q.question, q.answers, q.question_type, found or None, q.superseded_answers)
+            lines[q.question_id] = [{"chunk": chunked.turn_chunks[tid][0], "speaker": by_id[tid].speaker,
+                                     "date": by_id[tid].date, "text": by_id[tid].text}
+                                    for tid in turn_ids if tid in by_id and chunked.turn_chunks.get(tid)]
         questions.append(q)
-    return Instance(item.instance_id, item.data_source, item.competency, chunked.chunks, questions,
-                    {**item.metadata, "chunk_tokens": chunk_tokens}, "")
+    metadata = {**item.metadata, "chunk_tokens": chunk_tokens}
+    if any(lines.values()):
+        metadata["evidence_turns"] = lines
+    return Instance(item.instance_id, item.data_source, item.competency, chunked.chunks, questions, metadata, item.split)
 
 
 def load_memalpha(path: str | Path, competency: str | None = None) -> Loaded:
@@ -302,6 +314,13 @@ def load_source(source: str, path: str | Path, competency: str | None = None) ->
         return load_memoryagentbench(path, competency)
     if source == "locomo":
         loaded = load_locomo(path)
+        if competency:
+            loaded.items = [replace(item, competency=competency) for item in loaded.items]
+        return loaded
+    if source == "perltqa":
+        from memalpha.data.perltqa import load_perltqa
+
+        loaded = load_perltqa(path)
         if competency:
             loaded.items = [replace(item, competency=competency) for item in loaded.items]
         return loaded

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from memalpha.data.chunking import TokenCounts
+from memalpha.data.conversations import split_conversations
 from memalpha.data.io import (
     REJECTED_FILE,
     REPORT_MD,
@@ -96,12 +97,19 @@ def _finish(out_dir, instances, result, manifest, data_cfg, drop_invalid, overwr
 def prepare(source: str, path: str | Path, out_dir: str | Path, *, tokenizer: Any, tokenizer_name: str, data_cfg,
             chunk_tokens: int | None = None, drop_invalid: bool = False, overwrite: bool = False,
             reader: Reader | None = None, progress: bool = False, competency: str | None = None) -> PrepSummary:
-    """`memalpha data prep`: load -> chunk -> validate -> split -> write."""
+    """`memalpha data prep`: load -> (real conversations: split by conversation, training windows) -> chunk ->
+    validate -> split -> write."""
     counter = TokenCounts(tokenizer)
     chunk_tokens = chunk_tokens or data_cfg.chunk_tokens
     loaded = load_step(source, path, competency)
+    loaded.items = split_conversations(loaded.items, counter, data_cfg.split_ratios, data_cfg.split_seed,
+                                       data_cfg.train_window_tokens)
     instances = chunk_step(loaded, counter, chunk_tokens, progress)
     result = validate_step(instances, counter, Limits.from_config(data_cfg), reader, progress)
+    if loaded.rejected:
+        result.rejected.extend(loaded.rejected)
+        for row in loaded.rejected:
+            result.check_counts[row["check"]] = result.check_counts.get(row["check"], 0) + 1
     manifest = {"source": source, "input": str(path), "tokenizer": tokenizer_name, "chunk_tokens": chunk_tokens}
     return _finish(out_dir, result.valid, result, manifest, data_cfg, drop_invalid, overwrite, loaded.origins, loaded.notes)
 

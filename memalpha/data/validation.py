@@ -117,7 +117,7 @@ class ValidationResult:
         return f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>{''.join(parts)}</body></html>\n"
 
 
-REMOVALS = ("duplicate_question", "closed_book")
+REMOVALS = ("duplicate_question", "closed_book", "memory_not_in_conversation")
 
 
 def _describe(r: dict[str, Any], origins: dict[str, str]) -> str:

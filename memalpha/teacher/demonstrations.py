@@ -1,7 +1,9 @@
-"""Rule-writer demonstrations: prompt/completion pairs built exactly as rollouts see chunks.
+"""Teacher demonstrations: prompt/completion pairs built exactly as rollouts see chunks.
 
-The rule writer runs over each training instance with an evolving memory; each prompt is the prompt of
-a `memalpha.env.episode` over that instance at that chunk, each completion the rule writer's calls.
+A teacher runs over each training instance with an evolving memory; each prompt is the prompt of a
+`memalpha.env.episode` over that instance at that chunk, each completion the teacher's calls. Real
+conversations that carry their questions' evidence turns are labelled by the evidence writer
+(`teacher.evidence_writer`), the synthetic ones by the rule writer.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from memalpha.data.schema import Instance
 from memalpha.env.episode import Episode
 from memalpha.env.parsing import NOTHING_TO_STORE, parse_tool_calls
 from memalpha.memory.schema import MemorySchema
+from memalpha.teacher.evidence_writer import EvidenceWriter
 from memalpha.teacher.rule_writer import rule_writer_for
 from memalpha.tokens import tokenizer_counter
 
@@ -90,6 +93,20 @@ def build_demonstrations(
     return chosen
 
 
+def build_mixed_demonstrations(groups: list[list[Instance]], weights: list[float], config: RunConfig, tokenizer,
+                               *, seed: int = 0, stats: DemoStats | None = None) -> list[Demonstration]:
+    """`sft.num_demonstrations` demonstrations drawn from several datasets, each its weight's share (each
+    with `sft.nothing_to_store_share` of skips), shuffled together."""
+    total = config.sft.num_demonstrations
+    demos: list[Demonstration] = []
+    for i, (instances, weight) in enumerate(zip(groups, weights)):
+        count = round(total * weight / sum(weights))
+        if count and instances:
+            demos.extend(build_demonstrations(instances, config, tokenizer, count=count, seed=seed + i, stats=stats))
+    random.Random(seed).shuffle(demos)
+    return demos
+
+
 def _updates_entry(completion: str, schema: MemorySchema) -> bool:
     """`completion` calls memory_update on a list section."""
     lists = {spec.name for spec in schema.list_sections}
@@ -105,15 +122,18 @@ def _label_states(instances: list[Instance], config: RunConfig, tokenizer,
     counter = tokenizer_counter(tokenizer)
     schema = config.memory.schema()
     writer = rule_writer_for(config, counter)
+    dialogue = EvidenceWriter(schema, config.rollout.max_completion_length, counter)
     max_length = demonstration_max_length(config)
     store_demos: list[Demonstration] = []
     skip_demos: list[Demonstration] = []
     results_ok: list[bool] = []
     for instance in instances:
         episode = Episode(instance, schema, config.memory, config.retrieval, counter, tokenizer)
+        by_evidence = dialogue.applies(instance)
         while not episode.done:
             prompt = episode.prompt()
-            label = writer.write(episode.chunk_text, episode.store, episode.visible_ids())
+            label = (dialogue.write(instance, episode.position, episode.store) if by_evidence
+                     else writer.write(episode.chunk_text, episode.store, episode.visible_ids()))
             demo = Demonstration(prompt, label, instance.instance_id, episode.position,
                                  counter(prompt), counter(label) + 1,  # + the end-of-turn token
                                  _updates_entry(label, schema))

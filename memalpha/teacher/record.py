@@ -44,8 +44,16 @@ WARM_START_DATA = SynthConfig(instances=1024, chunks_per_instance=(4,), chunk_to
 
 def demonstration_data(config: RunConfig) -> dict[str, Any]:
     """What the warm start's data is: the generator settings of a synthetic folder, else the digest of
-    its data file; for a missing folder, the settings `prepare_warm_start` generates it with."""
-    path = Path(config.sft.data_path or config.data.train_path)
+    its data file; for a missing folder, the settings `prepare_warm_start` generates it with. Under
+    `sft.mix`: each folder's weight and data, and the digest of the adapter SFT starts from."""
+    if config.sft.mix:
+        init = Path(config.sft.init_adapter) / WEIGHTS_FILE if config.sft.init_adapter else None
+        return {"mix": {folder: [weight, _folder_data(Path(folder))] for folder, weight in sorted(config.sft.mix.items())},
+                "init_adapter_sha256": hashlib.sha256(init.read_bytes()).hexdigest() if init and init.is_file() else None}
+    return _folder_data(Path(config.sft.data_path or config.data.train_path))
+
+
+def _folder_data(path: Path) -> dict[str, Any]:
     manifest = path / "manifest.json"
     if manifest.is_file():
         synth = json.loads(manifest.read_text()).get("synth")
@@ -60,7 +68,8 @@ def warm_start_fields(config: RunConfig) -> dict[str, Any]:
     """Everything the warm-start adapter depends on, as plain data (see the module docstring)."""
     schema = config.memory.schema()
     sft = config.sft.model_dump(mode="json")
-    sft.pop("data_path")  # the data is described by its content below, not its folder
+    for name in ("data_path", "mix", "init_adapter"):  # the data is described by its content below, not its folder
+        sft.pop(name)
     model = config.model.model_dump(mode="json")
     return {
         "sft": sft,

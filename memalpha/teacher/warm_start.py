@@ -18,26 +18,28 @@ from memalpha.teacher import record
 from memalpha.teacher.demonstrations import (
     DemoStats,
     build_demonstrations,
+    build_mixed_demonstrations,
     demonstration_max_length,
 )
 from memalpha.teacher.probes import extraction_metrics, extraction_probes
 from memalpha.teacher.sft import run_sft
 from memalpha.training.checkpoint import SFT_DIR, latest_checkpoint
-from memalpha.training.data import load_training_data
+from memalpha.training.data import load_training_data, mix_splits
 
 log = logging.getLogger(__name__)
 
 ADAPTER_FILE = "adapter_model.safetensors"
 
 
-def warm_start(config: RunConfig, out: str | Path, policy, instances: list[Instance],
+def warm_start(config: RunConfig, out: str | Path, policy, instances: list[Instance] | list[list[Instance]],
                held_out: list[Instance] = (), on_log: Callable[[dict], None] | None = None,
                started: float | None = None) -> Path:
-    """SFT warm start into the adapter folder `out` (a run's is run_dir/sft): `sft.num_demonstrations` rule-writer demonstrations of `instances`
-    (drawn with `grpo.seed`), extraction measured on `sft.eval_chunks` chunks of `held_out` after every
-    epoch; the policy ends with the warm-start adapter. An existing adapter there is loaded instead of
-    retraining. Under a time budget the run began at `started` (a `time.time()`, default now) and SFT
-    gets `WARM_START_BUDGET_SHARE` of it."""
+    """SFT warm start into the adapter folder `out` (a run's is run_dir/sft): `sft.num_demonstrations` teacher
+    demonstrations of `instances` (drawn with `grpo.seed`; under `sft.mix`, one list per folder of the mix),
+    extraction measured on `sft.eval_chunks` chunks of `held_out` after every epoch; the policy ends with
+    the warm-start adapter. SFT starts from `sft.init_adapter` when set. An existing adapter there is
+    loaded instead of retraining. Under a time budget the run began at `started` (a `time.time()`,
+    default now) and SFT gets `WARM_START_BUDGET_SHARE` of it."""
     out = Path(out)
     if (out / ADAPTER_FILE).is_file():
         policy.load_adapter(out)
@@ -48,7 +50,13 @@ def warm_start(config: RunConfig, out: str | Path, policy, instances: list[Insta
     probes = extraction_probes(list(held_out), config, policy.tokenizer, config.sft.eval_chunks)
     deadline = config.deadline(time.time() if started is None else started, WARM_START_BUDGET_SHARE)
     stats = DemoStats()
-    demos = build_demonstrations(instances, config, policy.tokenizer, seed=config.grpo.seed, stats=stats)
+    if config.sft.mix:
+        demos = build_mixed_demonstrations(instances, list(config.sft.mix.values()), config, policy.tokenizer,
+                                           seed=config.grpo.seed, stats=stats)
+    else:
+        demos = build_demonstrations(instances, config, policy.tokenizer, seed=config.grpo.seed, stats=stats)
+    if config.sft.init_adapter:
+        policy.load_adapter(_adapter_folder(Path(config.sft.init_adapter)))
     if not demos:
         raise UserError(f"no demonstration fits sft.max_length={demonstration_max_length(config)} tokens; "
                         "raise it or use shorter chunks")
@@ -96,9 +104,22 @@ def prepare_warm_start(config: RunConfig, run_dir: str | Path, on_log: Callable[
     log.info("warm start: this recipe hashes to %s, %s: training it (`make warm-start` rebuilds the shipped one)",
              wanted, "the shipped one to " + kept["hash"] if kept else "none is shipped")
     policy = load_policy(config.model, seed=config.grpo.seed)
+    if config.sft.mix:
+        parts = [load_training_data(config, policy.tokenizer, folder) for folder in config.sft.mix]
+        held_out = mix_splits(parts, list(config.sft.mix.values()), config.grpo.seed).splits["validation"]
+        return warm_start(config, run_dir / SFT_DIR, policy, [p.splits["train"] for p in parts], held_out, on_log, started)
     synth = record.WARM_START_DATA if config.sft.data_path == SFTConfig().data_path else None
     data = load_training_data(config, policy.tokenizer, config.sft.data_path or None, synth)
     return warm_start(config, run_dir / SFT_DIR, policy, data.splits["train"], data.splits["validation"], on_log, started)
+
+
+def _adapter_folder(path: Path) -> Path:
+    """An adapter folder to load: a shipped one (bf16 weights with a record) restored to fp32 first."""
+    import tempfile
+
+    if record.read_record(path) is None:
+        return path
+    return record.restore(path, Path(tempfile.mkdtemp(prefix="memalpha-init-")) / "adapter")
 
 
 def ship_warm_start(config: RunConfig, adapter: Path, policy, held_out: list[Instance],

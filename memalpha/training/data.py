@@ -31,8 +31,12 @@ def load_training_data(config: RunConfig, tokenizer=None, path: str | Path | Non
     instances without a question; truncate_for_training).
 
     A missing dataset folder is generated first with `synth` (default: the seeded synthetic `train`
-    preset), so training works on a fresh machine.
+    preset), so training works on a fresh machine. With `data.mix` (and no `path`) the folders of the mix
+    are read and mixed by weight (`mix_splits`).
     """
+    if path is None and config.data.mix:
+        return mix_splits([load_training_data(config, tokenizer, folder, synth) for folder in config.data.mix],
+                          list(config.data.mix.values()), config.grpo.seed)
     from memalpha.data.io import read_dataset
 
     path = Path(path or config.data.train_path)
@@ -58,6 +62,29 @@ def load_training_data(config: RunConfig, tokenizer=None, path: str | Path | Non
         raise UserError(f"{path}: no training instances with competency in {sorted(wanted)}"
                         + (f" and a question answerable from the first {config.data.max_chunks_per_instance} chunks"
                            if dropped["train"] else ""))
+    return TrainingData(splits, dropped)
+
+
+def mix_splits(parts: list[TrainingData], weights: list[float], seed: int = 0) -> TrainingData:
+    """Several datasets as one: each train split is shuffled (seeded) and repeated or cut so that its share of
+    the mixed split is its weight's share, the total being the sum of the sizes; validation and test
+    interleave the datasets (one of each in turn), so the first few held-out instances cover them all."""
+    import random
+
+    if len(parts) != len(weights) or any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise UserError(f"data.mix: need a non-negative weight per folder with a positive sum, got {weights}")
+    total = sum(len(p.splits["train"]) for p in parts)
+    train = []
+    for i, (part, weight) in enumerate(zip(parts, weights)):
+        pool = list(part.splits["train"])
+        random.Random(seed * 7919 + i).shuffle(pool)
+        want = round(total * weight / sum(weights))
+        train.extend(pool[k % len(pool)] for k in range(want))
+    splits = {"train": train}
+    for split in ("validation", "test"):
+        lists = [p.splits.get(split, []) for p, w in zip(parts, weights) if w > 0]
+        splits[split] = [lst[k] for k in range(max(map(len, lists), default=0)) for lst in lists if k < len(lst)]
+    dropped = {split: sum(p.dropped.get(split, 0) for p in parts) for split in ("train", "validation", "test")}
     return TrainingData(splits, dropped)
 
 

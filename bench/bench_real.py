@@ -1,0 +1,332 @@
+"""Report of record on real conversations: does a writer trained on a mix of synthetic and real dialogue
+remember LoCoMo conversations it never saw better than RAG, long context and the synthetic-only writer?
+
+Data (`memalpha.data.conversations`): LoCoMo (snap-research/LoCoMo `data/locomo10.json`) split by
+conversation, conv-26 and conv-30 to train (in windows of at most 2,048 tokens), conv-41 to validate
+(windows), the seven others whole to test; PerLTQA (English v2) by character, where its files are present.
+Everything chunked at the writer's 512 tokens.
+Warm start: SFT from the shipped warm start (`sft.init_adapter`) on `DEMONSTRATIONS` demonstrations, half
+rule-writer demonstrations of the synthetic learning data, half evidence-writer demonstrations of the
+real training windows (`sft.mix`). GRPO: the recipe, `SEEDS` x `STEPS` step-level steps, on the mix
+`MIX` (`data.mix`). Test: greedy, BM25 top-20 retrieval, one 1,024-token reader budget; readers `evidence`
+and `local` (frozen SmolLM2-135M, greedy); metrics substring match `qa` and LoCoMo's token F1 `f1`, by
+LoCoMo category; methods: the trained writer (seeds' mean, `qa_seed_std`, each seed), its warm start,
+the shipped synthetic-only writer, the rule writer, BM25 RAG top-2, long context, no memory.
+
+Resumable: runs live in `RUN_ROOT` and resume from their checkpoints; every method's build (the memories
+and reader contexts) is cached under `RUN_ROOT/memories/<key>.json`, keyed by the digest of the adapter
+weights (or the baseline's name) and of the test data, and each reader's scored rows beside it, so the
+report is rebuilt from the caches without writing a memory again. Needs the LoCoMo file at
+`MEMALPHA_LOCOMO` (default data/raw/locomo10.json) and optionally the PerLTQA folder at
+`MEMALPHA_PERLTQA` (default data/raw/perltqa); several hours on a 2-core CPU, so on a CPU it runs only
+with MEMALPHA_BENCH_REAL_ON_CPU=1.
+
+    MEMALPHA_BENCH_REAL_ON_CPU=1 python -m bench.run_all real
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import BenchmarkSkipped
+
+ROOT = Path(__file__).resolve().parents[1]
+SEEDS = tuple(int(s) for s in os.environ.get("MEMALPHA_BENCH_REAL_SEEDS", "0 1 2").split())
+STEPS = int(os.environ.get("MEMALPHA_BENCH_REAL_STEPS", "20"))
+ON_CPU = os.environ.get("MEMALPHA_BENCH_REAL_ON_CPU") == "1"
+SHIP = os.environ.get("MEMALPHA_BENCH_REAL_SHIP") == "1"
+STAGE = os.environ.get("MEMALPHA_BENCH_REAL_STAGE", "all")
+"""`prep`, `warm-start`, `train` or `all`: stop after that stage (a long run in parts)."""
+LOCOMO = Path(os.environ.get("MEMALPHA_LOCOMO", ROOT / "data" / "raw" / "locomo10.json"))
+PERLTQA = Path(os.environ.get("MEMALPHA_PERLTQA", ROOT / "data" / "raw" / "perltqa"))
+READERS = ("evidence", "local")
+CHUNK_TOKENS = 512
+DEMONSTRATIONS = 256
+DATA = ROOT / "data" / "real"
+RUN_ROOT = ROOT / "runs" / "bench-real"
+WRITER = ROOT / "adapters" / "writer"
+BASE_WARM_START = ROOT / "adapters" / "warm-start"
+CHECKPOINT_EVERY = 5
+BASELINES = ("rule_writer", "rag", "long_context", "no_memory")
+LOCOMO_CATEGORIES = ("single_hop", "multi_hop", "temporal", "open_domain")
+
+
+def prepare_data() -> dict[str, Path]:
+    """The real datasets, prepared once at the writer's chunk size: {source: folder}."""
+    from memalpha.config import load_config
+    from memalpha.data.prep import prepare
+    from memalpha.models.loading import default_model_dir, load_tokenizer
+
+    if not LOCOMO.is_file():
+        raise FileNotFoundError(f"{LOCOMO}: the LoCoMo file (snap-research/LoCoMo data/locomo10.json) is needed; "
+                                "set MEMALPHA_LOCOMO to where it is")
+    inputs = {"locomo": LOCOMO, **({"perltqa": PERLTQA} if PERLTQA.exists() else {})}
+    tokenizer_name = str(default_model_dir())
+    out = {}
+    for source, path in inputs.items():
+        folder = DATA / source
+        if not (folder / "manifest.json").is_file():
+            print(f"preparing {source} from {path}", flush=True)
+            prepare(source, path, folder, tokenizer=load_tokenizer(tokenizer_name), tokenizer_name=tokenizer_name,
+                    data_cfg=load_config(None).data, chunk_tokens=CHUNK_TOKENS, drop_invalid=True, overwrite=True)
+        out[source] = folder
+    return out
+
+
+def mix(data: dict[str, Path]) -> dict[str, float]:
+    """The training mix: the synthetic learning data and each real source, equal weights."""
+    from bench.bench_learning import training_data
+
+    return {str(training_data()): 1.0, **{str(folder): 1.0 for folder in data.values()}}
+
+
+def base_overrides(data: dict[str, Path]) -> list[str]:
+    weights = json.dumps(mix(data))
+    return [f"data.mix={weights}", f"sft.mix={weights}", f"sft.init_adapter={BASE_WARM_START}",
+            f"sft.num_demonstrations={DEMONSTRATIONS}", "eval.max_instances=8", "time_budget_minutes=null"]
+
+
+def seed_config(seed: int, data: dict[str, Path]):
+    from memalpha.config import load_config
+
+    return load_config(None, [*base_overrides(data), f"output_dir={RUN_ROOT / f'seed{seed}'}", f"grpo.seed={seed}",
+                              f"grpo.steps={STEPS}", f"grpo.eval_every={STEPS}", f"grpo.checkpoint_every={CHECKPOINT_EVERY}"])
+
+
+def warm_start(data: dict[str, Path]) -> Path:
+    """The seeds' one warm start, `RUN_ROOT/warm-start/sft` (trained once, then reused)."""
+    from memalpha.teacher.warm_start import prepare_warm_start
+    from memalpha.training.checkpoint import SFT_DIR
+
+    folder = RUN_ROOT / "warm-start"
+    started = time.perf_counter()
+    if not (folder / SFT_DIR / "adapter_model.safetensors").is_file():
+        print(f"warm start: SFT of {DEMONSTRATIONS} demonstrations from {BASE_WARM_START.name}", flush=True)
+        prepare_warm_start(seed_config(SEEDS[0], data), folder, shipped=RUN_ROOT / "none")
+        print(f"warm start done in {(time.perf_counter() - started) / 60:.1f} min", flush=True)
+    return folder / SFT_DIR
+
+
+def train_seed(seed: int, warm: Path, data: dict[str, Path]) -> list[dict[str, Any]]:
+    """One GRPO seed from the warm start to STEPS (resumed where it stopped); its curve."""
+    from memalpha.training.checkpoint import SFT_DIR, checkpoint_dir
+    from memalpha.training.trainer import METRICS_FILE, Trainer
+
+    config = seed_config(seed, data)
+    run_dir = Path(config.output_dir)
+    if not checkpoint_dir(run_dir, STEPS).is_dir():
+        if not (run_dir / SFT_DIR).exists():
+            shutil.copytree(warm, run_dir / SFT_DIR)
+        trainer = Trainer(config, run_dir)
+        trainer.maybe_resume()
+        first, started = trainer.step, time.perf_counter()
+
+        def progress(result) -> None:
+            rate = (time.perf_counter() - started) / (result.step - first)
+            print(f"seed {seed} step {result.step}/{STEPS} reward {result.metrics['reward']:.3f} "
+                  f"({rate:.0f} s/step, ETA {rate * (STEPS - result.step) / 60:.1f} min for this seed)", flush=True)
+
+        trainer.train(on_step=progress, until=STEPS)
+    history = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+    return [{"step": m["step"], "reward": m["reward"], **({"validation_qa": m["eval/qa_score"]} if "eval/qa_score" in m else {})}
+            for m in history]
+
+
+def test_sets(data: dict[str, Path]) -> dict[str, list]:
+    """{source: its test instances}, whole conversations."""
+    from memalpha.data.io import read_dataset
+
+    return {source: [i for i in read_dataset(folder) if i.split == "test"] for source, folder in data.items()}
+
+
+def _digest(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part)
+    return h.hexdigest()[:16]
+
+
+def data_key(instances) -> str:
+    return _digest(json.dumps([[i.instance_id, i.chunks, [q.question for q in i.questions]] for i in instances]).encode())
+
+
+def method_key(method: str, adapter: Path | None) -> str:
+    """A build's cache key: the adapter's weights (whatever folder holds them), else the baseline's name."""
+    if adapter is None:
+        return method
+    return "adapter-" + _digest((Path(adapter) / "adapter_model.safetensors").read_bytes())
+
+
+def build(config, instances, method: str, adapter: Path | None, folder: Path) -> tuple[list, float]:
+    """The method's build for `instances`, from the cache or made now (and cached); its seconds."""
+    from bench.run_all import write_atomically
+    from memalpha.evaluation.answering import policy_tokenizer, token_counter
+    from memalpha.evaluation.methods import Built, EvalEnv, make_method
+
+    path = folder / f"{method_key(method, adapter)}.json"
+    if path.is_file():
+        kept = json.loads(path.read_text())
+        return [Built(**b) for b in kept["built"]], kept["seconds"]
+    tokenizer, _ = policy_tokenizer(config)
+    env = EvalEnv(config, token_counter(tokenizer), progress=lambda line: print(line, flush=True))
+    made = make_method(method, env, adapter)
+    started = time.perf_counter()
+    try:
+        built = made.build(instances, 0)
+    finally:
+        made.close()
+    seconds = time.perf_counter() - started
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, json.dumps({"method": method, "adapter": str(adapter) if adapter else None, "seconds": seconds,
+                                       "built": [b.__dict__ for b in built]}))
+    return built, seconds
+
+
+def score(config, instances, name: str, method: str, adapter: Path | None, folder: Path) -> dict[str, dict[str, Any]]:
+    """{reader: result} of one method on one test set; rows cached per reader beside the build."""
+    from bench.run_all import write_atomically
+    from memalpha.data.chunking import TokenCounts
+    from memalpha.evaluation.answering import LazyReader, answer_built, policy_tokenizer
+    from memalpha.rewards.qa import token_f1
+
+    key = method_key(method, adapter)
+    results, built, build_s = {}, None, 0.0
+    golds = {(i.instance_id, q.question_id): q.answers for i in instances for q in i.questions}
+    for reader in READERS:
+        path = folder / reader / f"{key}.json"
+        if not path.is_file():
+            if built is None:
+                print(f"{name}: writing ({method})", flush=True)
+                built, build_s = build(config, instances, method, adapter, folder)
+            tokenizer, _ = policy_tokenizer(config)
+            input_tokens = [sum(TokenCounts(tokenizer).counts(i.chunks)) for i in instances]
+            reader_config = config.model_copy(update={"model": config.model.model_copy(update={"reader": reader})})
+            started = time.perf_counter()
+            print(f"{name}: answering {sum(len(i.questions) for i in instances)} questions with the {reader} reader", flush=True)
+            rows, instance_rows, _ = answer_built(method, instances, 0, built, build_s, LazyReader(reader_config).get(),
+                                                  reader_config, input_tokens)
+            for row in rows:
+                row["f1"] = token_f1(row["prediction"], golds[(row["instance_id"], row["question_id"])])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(path, json.dumps({"rows": rows, "instances": instance_rows, "build_seconds": build_s,
+                                               "answer_seconds": time.perf_counter() - started}))
+        kept = json.loads(path.read_text())
+        results[reader] = summarize_rows(kept)
+    return results
+
+
+def summarize_rows(kept: dict[str, Any]) -> dict[str, Any]:
+    rows = kept["rows"]
+    by_type = {}
+    for t in sorted({r["question_type"] for r in rows}):
+        mine = [r for r in rows if r["question_type"] == t]
+        by_type[t] = {"qa": statistics.mean(r["score"] for r in mine), "f1": statistics.mean(r["f1"] for r in mine), "n": len(mine)}
+    return {"qa": statistics.mean(r["score"] for r in rows), "f1": statistics.mean(r["f1"] for r in rows),
+            "by_category": by_type, "questions": len(rows),
+            "memory_tokens": statistics.mean(r["memory_tokens"] for r in kept["instances"]),
+            "minutes": round((kept["build_seconds"] + kept["answer_seconds"]) / 60, 1)}
+
+
+def seeds_mean(tests: list[dict[str, Any]]) -> dict[str, Any]:
+    qa = [t["qa"] for t in tests]
+    return {"qa": statistics.mean(qa), "qa_seed_std": statistics.stdev(qa) if len(qa) > 1 else 0.0, "qa_seeds": qa,
+            "f1": statistics.mean(t["f1"] for t in tests), "memory_tokens": statistics.mean(t["memory_tokens"] for t in tests),
+            "by_category": {c: {"qa": statistics.mean(t["by_category"][c]["qa"] for t in tests),
+                                "f1": statistics.mean(t["by_category"][c]["f1"] for t in tests)}
+                            for c in tests[0]["by_category"]},
+            "minutes": round(sum(t["minutes"] for t in tests), 1)}
+
+
+def targets(report: dict[str, Any]) -> dict[str, Any]:
+    local = report["locomo"]["readers"]["local"]["methods"]
+    t, rag = local["trained"], local["rag"]
+    return {
+        "LoCoMo local: trained > BM25 RAG top-2": t["qa"] > rag["qa"],
+        "LoCoMo local: trained > long context": t["qa"] > local["long_context"]["qa"],
+        "LoCoMo: trained memory <= 25% of RAG's": t["memory_tokens"] <= 0.25 * rag["memory_tokens"],
+        "LoCoMo local: trained > warm start by 3 seed std": t["qa"] - local["warm_start"]["qa"] > 3 * t["qa_seed_std"],
+        "LoCoMo local: trained > shipped synthetic-only writer": t["qa"] > local["shipped_writer"]["qa"],
+    }
+
+
+def run() -> dict[str, Any]:
+    import torch
+
+    from memalpha.training.checkpoint import checkpoint_dir, policy_adapter
+
+    if not torch.cuda.is_available() and not ON_CPU:
+        raise BenchmarkSkipped("several hours on a CPU (warm start, 3 seeds x 20 GRPO steps, 5 writers over 7 whole "
+                               "LoCoMo conversations); set MEMALPHA_BENCH_REAL_ON_CPU=1 to run it anyway")
+    started = time.perf_counter()
+    data = prepare_data()
+    if STAGE == "prep":
+        raise BenchmarkSkipped("stopped after the prep stage (MEMALPHA_BENCH_REAL_STAGE=prep)")
+    warm = warm_start(data)
+    if STAGE == "warm-start":
+        raise BenchmarkSkipped("stopped after the warm start (MEMALPHA_BENCH_REAL_STAGE=warm-start)")
+    curves = {seed: train_seed(seed, warm, data) for seed in SEEDS}
+    if STAGE == "train":
+        raise BenchmarkSkipped("stopped after training (MEMALPHA_BENCH_REAL_STAGE=train)")
+    config = seed_config(SEEDS[0], data)
+    adapters = {f"trained_seed{s}": policy_adapter(checkpoint_dir(RUN_ROOT / f"seed{s}", STEPS)) for s in SEEDS}
+    adapters.update({"warm_start": warm, "shipped_writer": WRITER})
+    report: dict[str, Any] = {}
+    for source, instances in test_sets(data).items():
+        folder = RUN_ROOT / "memories" / f"{source}-{data_key(instances)}"
+        methods = {name: score(config, instances, f"{source} {name}", "policy", path, folder) for name, path in adapters.items()}
+        methods.update({name: score(config, instances, f"{source} {name}", name, None, folder) for name in BASELINES})
+        readers = {}
+        for reader in READERS:
+            by_method = {name: m[reader] for name, m in methods.items()}
+            trained = seeds_mean([by_method[f"trained_seed{s}"] for s in SEEDS])
+            readers[reader] = {"methods": {"trained": trained, **by_method}}
+        report[source] = {"readers": readers, "conversations": len(instances),
+                          "questions": sum(len(i.questions) for i in instances),
+                          "chunks": sum(len(i.chunks) for i in instances)}
+    report["targets"] = targets(report)
+    report["curves"] = curves
+    report["settings"] = {"seeds": list(SEEDS), "steps": STEPS, "chunk_tokens": CHUNK_TOKENS,
+                          "demonstrations": DEMONSTRATIONS, "mix": mix(data), "overrides": base_overrides(data),
+                          "minutes_this_run": round((time.perf_counter() - started) / 60, 1)}
+    return report
+
+
+def to_markdown(results: dict[str, Any]) -> str:
+    s = results["settings"]
+    lines = ["# Benchmark: real conversations", "",
+             f"Warm start: SFT from adapters/warm-start on {s['demonstrations']} demonstrations of the mix; GRPO seeds "
+             f"{', '.join(map(str, s['seeds']))}, {s['steps']} steps each, on the mix {json.dumps(s['mix'])}. Chunks of "
+             f"{s['chunk_tokens']} tokens; greedy; BM25 top-20 retrieval, 1,024-token reader budget. `trained` is the "
+             f"mean over seeds (qa_seed_std: std over seeds, ddof 1). {s['minutes_this_run']} min this run "
+             "(builds and answers kept from earlier runs are read from their caches).", ""]
+    for source in ("locomo", "perltqa"):
+        if source not in results:
+            continue
+        r = results[source]
+        lines += [f"## {source}: {r['conversations']} test conversations, {r['questions']} questions, {r['chunks']} chunks", ""]
+        for reader, block in r["readers"].items():
+            cats = [c for c in LOCOMO_CATEGORIES if c in block["methods"]["rag"]["by_category"]] if source == "locomo" else []
+            lines += [f"### {reader} reader", "",
+                      "| method | qa | f1 | qa_seed_std | " + " | ".join(f"{c} qa" for c in cats) + (" | " if cats else "")
+                      + "memory tokens | minutes |",
+                      "|---|---|---|---|" + "---|" * len(cats) + "---|---|"]
+            for name, m in block["methods"].items():
+                std = f"{m['qa_seed_std']:.3f}" if "qa_seed_std" in m else ""
+                lines.append(f"| {name} | {m['qa']:.3f} | {m['f1']:.3f} | {std} | "
+                             + "".join(f"{m['by_category'][c]['qa']:.3f} | " for c in cats)
+                             + f"{m['memory_tokens']:.0f} | {m['minutes']} |")
+            lines.append("")
+    lines += ["## Targets", "", "| target | met |", "|---|---|"]
+    lines += [f"| {name} | {'met' if met else 'missed'} |" for name, met in results["targets"].items()]
+    lines += ["", "## GRPO curve per seed", "", "| seed | reward at step 1 | reward at the last step | validation QA |", "|---|---|---|---|"]
+    for seed, curve in results["curves"].items():
+        validation = next((f"{p['validation_qa']:.3f}" for p in reversed(curve) if "validation_qa" in p), "")
+        lines.append(f"| {seed} | {curve[0]['reward']:.3f} | {curve[-1]['reward']:.3f} | {validation} |")
+    return "\n".join(lines) + "\n"
