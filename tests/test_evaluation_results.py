@@ -29,7 +29,7 @@ def _instance(method, seed, instance, source, competency, memory, calls, ok, sec
         "method": method, "seed": seed, "instance_id": instance, "data_source": source, "competency": competency,
         "num_chunks": 2, "num_questions": 2, "input_tokens": 100, "memory_tokens": memory,
         "compression": 1 - memory / 100, "tool_calls": calls, "tool_calls_ok": ok, "answers_lost": lost,
-        "build_seconds": seconds, "answer_seconds": 1.0,
+        "prompts_cut": 1 if lost is not None else 0, "rechunked": False, "build_seconds": seconds, "answer_seconds": 1.0,
     }
 
 
@@ -123,7 +123,7 @@ def test_report_writes_tables_and_plots(result, tmp_path):
     result.info = {"data": "fixture", "seeds": [0, 1]}
     paths = write_report(result, tmp_path, title="Fixture")
     markdown = paths["markdown"].read_text()
-    assert "| writer | 0.625 ± 0.177 | 0.625 ± 0.177 | 25 ± 7 | 0.750 ± 0.071 | 0.875 ± 0.177 | 1.000 | 9.0 | 2 | 2 | 3 | 100 | 2 |" in markdown
+    assert "| writer | 0.625 ± 0.177 | 0.625 ± 0.177 | 25 ± 7 | 0.750 ± 0.071 | 0.875 ± 0.177 | 1.000 | 2.000 | 9.0 | 2 | 2 | 3 | 100 | 2 |" in markdown
     assert "| closed | 0.500 | 0.500 | 0 | 1.000 | - | - |" in markdown
     summary = pl.read_csv(paths["summary_csv"])
     assert summary["score"].to_list() == pytest.approx([0.625, 0.5])

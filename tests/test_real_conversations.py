@@ -228,3 +228,22 @@ def test_mix_gives_each_folder_its_weight_and_interleaves_validation():
     assert [i.data_source for i in mixed.splits["validation"]] == ["s", "r"] * 3
     with pytest.raises(Exception, match="data.mix"):
         mix_splits([part("s", 1, 0)], [0.0])
+
+
+def test_chunks_longer_than_the_writers_are_cut_to_it_and_evidence_follows():
+    from memalpha.data.chunking import fit_instance
+    from memalpha.teacher.record import WRITER, writer_chunk_tokens
+
+    counter = TokenCounts(regex_token_count)
+    long_chunk = "\n".join(f"Ana: line {i} mentions the keyword k{i} and nothing else at all." for i in range(60))
+    instance = Instance("x", "user", "accurate_retrieval", ["Ben: hi", long_chunk, "Ben: bye"],
+                        [Question("q", "k59?", ["k59"], "single_hop", [1]), Question("r", "bye?", ["bye"], "single_hop", [2])],
+                        {"chunk_tokens": 2048})
+    fitted, cut = fit_instance(instance, counter, 128)
+    assert cut and len(fitted.chunks) > 4 and max(counter.counts(fitted.chunks)) <= 128
+    assert all(c.endswith("else at all.") for c in fitted.chunks[1:-1])  # cut at line breaks
+    assert "k59" in "".join(fitted.chunks[i] for i in fitted.questions[0].evidence_chunks)
+    assert fitted.questions[1].evidence_chunks == [len(fitted.chunks) - 1]
+    assert fitted.metadata["rechunked_from"] == 2048 and fitted.metadata["chunk_tokens"] == 128
+    assert fit_instance(fitted, counter, 128) == (fitted, False)
+    assert writer_chunk_tokens(WRITER) == 512  # the shipped writer's record names its chunk size

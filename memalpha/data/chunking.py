@@ -9,7 +9,7 @@ limit gives its last turn to the next one, so the limit holds for any tokenizer.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 DIALOGUE_HEADER = "The following is a conversation from {date}. Please remember it.\n\n"
@@ -214,3 +214,42 @@ def chunk_turns(turns: list[Turn], tokenizer: Any, chunk_tokens: int = 2048) -> 
             if tid is not None and index not in turn_chunks.setdefault(tid, []):
                 turn_chunks[tid].append(index)
     return Chunked(chunks, counts, turn_chunks)
+
+
+def fit_chunks(chunks: list[str], counter: TokenCounts, max_tokens: int) -> tuple[list[str], list[list[int]]]:
+    """Chunks cut to at most `max_tokens` tokens each (a writer's chunk size), at line breaks where a line
+    fits, else inside the line; returns the new chunks and, for each old chunk, the indices of its pieces.
+    Chunks that fit are kept as they are."""
+    out: list[str] = []
+    pieces_of: list[list[int]] = []
+    for chunk, tokens in zip(chunks, counter.counts(chunks)):
+        start = len(out)
+        if tokens <= max_tokens:
+            out.append(chunk)
+        else:
+            lines = [piece for line in chunk.splitlines(keepends=True)
+                     for piece in ([line] if counter.count(line) <= max_tokens else counter.split(line, max_tokens))]
+            current, used = "", 0
+            for line, n in zip(lines, counter.counts(lines)):
+                if current and used + n > max_tokens:
+                    out.append(current.rstrip())
+                    current, used = "", 0
+                current += line
+                used += n
+            if current.strip():
+                out.append(current.rstrip())
+        pieces_of.append(list(range(start, len(out))))
+    return out, pieces_of
+
+
+def fit_instance(instance, counter: TokenCounts, max_tokens: int):
+    """`instance` with its chunks cut to a writer's chunk size (`fit_chunks`) and its questions' evidence
+    chunk indices moved with them; returns (instance, whether anything was cut)."""
+    chunks, pieces_of = fit_chunks(instance.chunks, counter, max_tokens)
+    if len(chunks) == len(instance.chunks):
+        return instance, False
+    questions = [replace(q, evidence_chunks=sorted({p for c in q.evidence_chunks for p in pieces_of[c]}))
+                 if q.evidence_chunks is not None else q for q in instance.questions]
+    return replace(instance, chunks=chunks, questions=questions,
+                   metadata={**instance.metadata, "rechunked_from": instance.metadata.get("chunk_tokens"),
+                             "chunk_tokens": max_tokens}), True

@@ -120,7 +120,8 @@ def answer_built(
             "competency": inst.competency, "num_chunks": len(inst.chunks), "num_questions": len(inst.questions),
             "input_tokens": tokens, "memory_tokens": result.memory_tokens,
             "compression": compression(result.memory_tokens, tokens), "tool_calls": result.tool_calls,
-            "tool_calls_ok": result.tool_calls_ok, "answers_lost": result.answers_lost, "build_seconds": build_seconds,
+            "tool_calls_ok": result.tool_calls_ok, "answers_lost": result.answers_lost,
+            "prompts_cut": result.prompts_cut, "rechunked": result.rechunked, "build_seconds": build_seconds,
             "answer_seconds": answer_total * share,
         })
     return question_rows, instance_rows, memories

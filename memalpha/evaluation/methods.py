@@ -64,6 +64,10 @@ class Built:
     """The finished memory (MemoryStore.to_dict) for memory methods, kept for inspection."""
     answers_lost: int | None = None
     """For memory writers: answers the memory held after some chunk and lost by the end (`answers_lost`)."""
+    prompts_cut: int = 0
+    """For memory writers: writer prompts longer than rollout.max_prompt_tokens, whose start was cut."""
+    rechunked: bool = False
+    """For memory writers: the instance's chunks were longer than the writer's and were cut to its size."""
 
 
 @dataclass
@@ -269,6 +273,15 @@ class PolicyMethod(Method):
 
         from memalpha.training.rollout import write_unasked
 
+        from memalpha.data.chunking import TokenCounts, fit_instance
+        from memalpha.teacher.record import writer_chunk_tokens
+
+        chunk_tokens = writer_chunk_tokens(self.adapter)
+        fitted = [fit_instance(inst, TokenCounts(self.policy.tokenizer), chunk_tokens) for inst in instances]
+        instances, rechunked = [f[0] for f in fitted], {f[0].instance_id for f in fitted if f[1]}
+        if rechunked:
+            self.env.say(f"  {self.name}: {len(rechunked)} of {len(instances)} instances have chunks longer than the "
+                         f"writer's {chunk_tokens} tokens: cut to that size")
         generator = None if not self.stochastic else torch.Generator(device=self.policy.device).manual_seed(seed)
         size = self.env.config.eval.batch_size
         batches = write_unasked(self.policy, instances, self._rollout_config(), batch_size=size,
@@ -295,6 +308,8 @@ class PolicyMethod(Method):
                     seconds=elapsed / len(written),
                     memory=w.memory.to_dict(),
                     answers_lost=answers_lost(supports),
+                    prompts_cut=sum(s.prompt_truncated for s in w.samples),
+                    rechunked=w.instance.instance_id in rechunked,
                 ))
             began = time.perf_counter()
         return built

@@ -19,6 +19,7 @@ SUMMARY_COLUMNS = [
     ("compression", "compression"),
     ("tool_success", "tool-call success"),
     ("answers_lost", "answers lost"),
+    ("prompts_cut", "writer prompts cut"),
     ("seconds", "time (s)"),
     ("sources", "sources"),
     ("instances", "instances"),

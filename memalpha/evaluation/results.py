@@ -51,6 +51,8 @@ INSTANCE_COLUMNS: dict[str, pl.DataType] = {
     "tool_calls": pl.Int64,
     "tool_calls_ok": pl.Int64,
     "answers_lost": pl.Int64,
+    "prompts_cut": pl.Int64,
+    "rechunked": pl.Boolean,
     "build_seconds": pl.Float64,
     "answer_seconds": pl.Float64,
 }
@@ -145,6 +147,7 @@ def _instance_stats(instances: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
         pl.col("compression").mean().alias("compression"),
         pl.when(calls > 0).then(pl.col("tool_calls_ok").sum() / calls).otherwise(None).alias("tool_success"),
         pl.col("answers_lost").cast(pl.Float64).mean().alias("answers_lost"),
+        pl.col("prompts_cut").cast(pl.Float64).sum().alias("prompts_cut"),
         (pl.col("build_seconds") + pl.col("answer_seconds")).sum().alias("seconds"),
     )
 
@@ -185,7 +188,7 @@ def summary_table(result: EvalResult) -> pl.DataFrame:
     per_seed = _instance_stats(result.instances, ["method"]).join(overall, on=["method", "seed"], how="left")
     per_seed = per_seed.join(competency_mean, on=["method", "seed"], how="left")
     per_seed = per_seed.join(questions, on=["method", "seed"], how="left")
-    values = ["score", "competency_mean", "memory_tokens", "compression", "tool_success", "answers_lost", "seconds"]
+    values = ["score", "competency_mean", "memory_tokens", "compression", "tool_success", "answers_lost", "prompts_cut", "seconds"]
     table = _seed_stats(per_seed, ["method"], values)
     sizes = per_seed.group_by("method", maintain_order=True).agg(
         pl.col("sources").first(),
@@ -214,14 +217,15 @@ def flat_metrics(result: EvalResult) -> dict[str, float]:
 
     `<m>/score`, `<m>/score_std`, `<m>/competency_mean`, `<m>/memory_tokens`, `<m>/compression`, `<m>/tool_success` (only when
     the method made tool calls), `<m>/answers_lost` (memory writers: answers held after some chunk and
-    lost by the end, per instance), `<m>/seconds`, `<m>/<competency>/score` (+ `_std`) and
+    lost by the end, per instance), `<m>/prompts_cut` (writer prompts over the prompt budget, whose start
+    was cut, per seed), `<m>/seconds`, `<m>/<competency>/score` (+ `_std`) and
     `<m>/source/<data_source>/score` (+ `_std`).
     """
     metrics: dict[str, float] = {}
     for row in summary_table(result).iter_rows(named=True):
         m = metric_name(row["method"])
         for name in ("score", "score_std", "competency_mean", "memory_tokens", "compression", "tool_success", "answers_lost",
-                     "seconds"):
+                     "prompts_cut", "seconds"):
             _put(metrics, f"{m}/{name}", row[name])
     for row in group_table(result, "competency").iter_rows(named=True):
         prefix = f"{metric_name(row['method'])}/{metric_name(row['competency'])}"

@@ -89,6 +89,19 @@ def warm_start_hash(config: RunConfig) -> str:
     return hashlib.sha256(json.dumps(warm_start_fields(config), sort_keys=True).encode()).hexdigest()[:16]
 
 
+WRITER_CHUNK_TOKENS = 512
+"""The chunk size every adapter of record was trained on, and the one assumed for an adapter without a
+record (`writer_chunk_tokens`)."""
+
+
+def writer_chunk_tokens(adapter: str | Path | None) -> int:
+    """The chunk size a writer adapter was trained with: its record's `chunk_tokens`, else WRITER_CHUNK_TOKENS.
+    Evaluation and `write_memory` cut longer chunks to it (`data.chunking.fit_instance`), since a longer
+    chunk would overflow the writer's prompt budget and lose its beginning."""
+    kept = read_record(Path(adapter)) if adapter else None
+    return int((kept or {}).get("chunk_tokens", WRITER_CHUNK_TOKENS))
+
+
 def read_record(folder: Path) -> dict[str, Any] | None:
     """The record of a shipped adapter folder, or None when it holds none."""
     path = Path(folder) / RECORD_FILE
