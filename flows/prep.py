@@ -23,8 +23,8 @@ def prep(source: str = "synthetic", path: str | None = None, out_dir: str | None
     out = str(repo_path(out_dir or config.data.train_path))
     policy = config.model.policy
     loaded = steps.load(source, path, steps.fingerprint(path), synth, policy)
-    instances, tokenizer_name = steps.chunk(loaded, policy, config.data.chunk_tokens)
-    result = steps.validate(instances, policy, config.data)
+    instances, tokenizer_name = steps.chunk(loaded, policy, config.data)
+    result = steps.validate(instances, policy, config.data, loaded.rejected)
     assigned = steps.split(result.valid, config.data)
     manifest = {"source": source, "input": path or "", "tokenizer": tokenizer_name, "chunk_tokens": config.data.chunk_tokens}
     written = steps.write(out, assigned, result, manifest, config.data, drop_invalid)

@@ -76,22 +76,23 @@ def load(source: str, path: str | None, input_fingerprint: str, synth: dict[str,
 
 
 @task(name="chunk", cache_policy=PREP_CACHE, persist_result=True)
-def chunk(loaded, policy: str, chunk_tokens: int):
-    """Chunk raw instances with the policy's tokenizer; returns (instances, tokenizer name)."""
+def chunk(loaded, policy: str, data_cfg: DataConfig):
+    """Chunk raw instances with the policy's tokenizer (real conversations split by conversation and cut into
+    training windows first); returns (instances, tokenizer name)."""
     from memalpha.data.prep import chunk_step
 
     counter, name = token_counter(policy)
-    return chunk_step(loaded, counter, chunk_tokens), name
+    return chunk_step(loaded, counter, data_cfg.chunk_tokens, data_cfg=data_cfg), name
 
 
 @task(name="validate", cache_policy=PREP_CACHE, persist_result=True)
-def validate(instances, policy: str, data_cfg: DataConfig):
-    """Great Expectations suite + semantic checks; returns the ValidationResult."""
+def validate(instances, policy: str, data_cfg: DataConfig, loader_rejected: list[dict[str, Any]] = ()):
+    """Great Expectations suite + semantic checks, with the loader's dropped questions; returns the ValidationResult."""
     from memalpha.data.prep import validate_step
     from memalpha.data.validation import Limits
 
     counter, _ = token_counter(policy)
-    result = validate_step(instances, counter, Limits.from_config(data_cfg))
+    result = validate_step(instances, counter, Limits.from_config(data_cfg), loader_rejected=list(loader_rejected))
     get_run_logger().info("validation: %s; rejected by check: %s", result.counts, result.check_counts)
     return result
 

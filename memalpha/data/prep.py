@@ -40,19 +40,29 @@ def load_step(source: str, path: str | Path, competency: str | None = None) -> L
     return load_source(source, path, competency)
 
 
-def chunk_step(loaded: Loaded, tokenizer: Any, chunk_tokens: int, progress: bool = False) -> list[Instance]:
-    """Chunk raw instances with the policy's tokenizer; pre-chunked instances pass through."""
+def chunk_step(loaded: Loaded, tokenizer: Any, chunk_tokens: int, progress: bool = False, data_cfg=None) -> list[Instance]:
+    """Chunk raw instances with the policy's tokenizer; pre-chunked instances pass through. With `data_cfg`,
+    real conversations (LoCoMo, PerLTQA) are first split by conversation and cut into training windows
+    (`data.conversations.split_conversations`)."""
     from tqdm.auto import tqdm
 
     counter = tokenizer if isinstance(tokenizer, TokenCounts) else TokenCounts(tokenizer)
-    items = tqdm(loaded.items, desc="chunking", unit="inst", disable=not progress)
+    items = loaded.items
+    if data_cfg is not None:
+        items = split_conversations(items, counter, data_cfg.split_ratios, data_cfg.split_seed, data_cfg.train_window_tokens)
+    items = tqdm(items, desc="chunking", unit="inst", disable=not progress)
     return [to_instance(item, counter, chunk_tokens) for item in items]
 
 
 def validate_step(instances: list[Instance], tokenizer: Any, limits: Limits, reader: Reader | None = None,
-                  progress: bool = False) -> ValidationResult:
-    """Expectation suite + semantic checks (+ the closed-book filter when a reader is given)."""
-    return validate(instances, tokenizer, limits, reader, progress)
+                  progress: bool = False, loader_rejected: list[dict[str, Any]] = ()) -> ValidationResult:
+    """Expectation suite + semantic checks (+ the closed-book filter when a reader is given); the questions a
+    loader dropped (`Loaded.rejected`) join the rejected rows and their counts."""
+    result = validate(instances, tokenizer, limits, reader, progress)
+    result.rejected.extend(loader_rejected)
+    for row in loader_rejected:
+        result.check_counts[row["check"]] = result.check_counts.get(row["check"], 0) + 1
+    return result
 
 
 def split_step(instances: list[Instance], ratios: list[float], seed: int) -> list[Instance]:
@@ -102,14 +112,8 @@ def prepare(source: str, path: str | Path, out_dir: str | Path, *, tokenizer: An
     counter = TokenCounts(tokenizer)
     chunk_tokens = chunk_tokens or data_cfg.chunk_tokens
     loaded = load_step(source, path, competency)
-    loaded.items = split_conversations(loaded.items, counter, data_cfg.split_ratios, data_cfg.split_seed,
-                                       data_cfg.train_window_tokens)
-    instances = chunk_step(loaded, counter, chunk_tokens, progress)
-    result = validate_step(instances, counter, Limits.from_config(data_cfg), reader, progress)
-    if loaded.rejected:
-        result.rejected.extend(loaded.rejected)
-        for row in loaded.rejected:
-            result.check_counts[row["check"]] = result.check_counts.get(row["check"], 0) + 1
+    instances = chunk_step(loaded, counter, chunk_tokens, progress, data_cfg)
+    result = validate_step(instances, counter, Limits.from_config(data_cfg), reader, progress, loaded.rejected)
     manifest = {"source": source, "input": str(path), "tokenizer": tokenizer_name, "chunk_tokens": chunk_tokens}
     return _finish(out_dir, result.valid, result, manifest, data_cfg, drop_invalid, overwrite, loaded.origins, loaded.notes)
 
