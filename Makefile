@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup gemma3 vllm browser test test-fast train warm-start bench gpu-check up down status clean
+.PHONY: setup gemma3 vllm browser test test-fast train warm-start bench gpu-check up down status serve clean
 
 setup: $(STAMP) .cache/models/.ready
 
@@ -82,6 +82,10 @@ gpu-check: setup vllm
 # VLLM=1 also starts the vLLM server of rollout.engine=vllm (after `make vllm`)
 up: setup
 	MEMALPHA_VLLM=$(VLLM) bash infra/servers.sh start
+
+# the registered memory writer (models:/memalpha-policy@champion) behind `mlflow models serve` on 127.0.0.1:5001
+serve: up
+	bash infra/servers.sh start-serve
 
 down:
 	bash infra/servers.sh stop

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Local servers for memalpha: the Prefect server (SQLite), the MLflow UI and the deployment runner, and,
-# with MEMALPHA_VLLM=1 (`make up VLLM=1`), the vLLM server of `rollout.engine=vllm`.
+# with MEMALPHA_VLLM=1 (`make up VLLM=1`), the vLLM server of `rollout.engine=vllm`; `start-serve`
+# (`make serve`) serves the registered memory writer (`models:/memalpha-policy@champion`).
 #   bash infra/servers.sh start|stop|status|restart
 # Idempotent: `start` leaves running servers alone, `stop` ignores stopped ones. PID files and logs
 # live in infra/state/. Everything binds to 127.0.0.1.
@@ -20,6 +21,9 @@ VLLM_MODEL="${MEMALPHA_VLLM_MODEL:-$REPO/.cache/models/smollm2-135m-instruct}"
 VLLM_DTYPE="${MEMALPHA_VLLM_DTYPE:-auto}"
 VLLM_MAX_LORA_RANK="${MEMALPHA_VLLM_MAX_LORA_RANK:-16}"
 VLLM_MAX_MODEL_LEN="${MEMALPHA_VLLM_MAX_MODEL_LEN:-2048}"
+# the memory writer served from the registry (`make serve`): an MLflow pyfunc behind `mlflow models serve`
+SERVE_PORT="${MEMALPHA_SERVE_PORT:-5001}"
+SERVE_MODEL="${MEMALPHA_SERVE_MODEL:-models:/memalpha-policy@champion}"
 
 export PREFECT_HOME="${PREFECT_HOME:-$STATE/prefect}"
 export PREFECT_API_URL="http://127.0.0.1:$PREFECT_PORT/api"
@@ -113,6 +117,19 @@ start_vllm() {
     echo "vllm: http://127.0.0.1:$VLLM_PORT (pid $(cat "$(pidfile vllm)"), model $VLLM_MODEL, log $STATE/vllm.log)"
 }
 
+serve_healthy() { curl -fsS "http://127.0.0.1:$SERVE_PORT/ping"; }
+
+start_serve() {
+    if is_running serve; then echo "serve: already running (pid $(cat "$(pidfile serve)"))"; return; fi
+    if ! mlflow_healthy >/dev/null 2>&1; then echo "serve: the MLflow server is not up; run \`make up\` first" >&2; return 1; fi
+    if port_busy "$SERVE_PORT"; then echo "serve: port $SERVE_PORT is taken by another process" >&2; return 1; fi
+    # --env-manager local: the project's environment already holds everything the model needs
+    launch serve env MLFLOW_TRACKING_URI="http://127.0.0.1:$MLFLOW_PORT" "$REPO/.venv/bin/mlflow" models serve \
+        -m "$SERVE_MODEL" --env-manager local -h 127.0.0.1 -p "$SERVE_PORT" --workers 1
+    START_TIMEOUT="${MEMALPHA_SERVE_START_TIMEOUT:-300}" wait_healthy serve serve_healthy
+    echo "serve: http://127.0.0.1:$SERVE_PORT/invocations (pid $(cat "$(pidfile serve)"), model $SERVE_MODEL, log $STATE/serve.log)"
+}
+
 schema_fingerprint() { (cd "$REPO" && "$PY" -m flows.deployments fingerprint 2>/dev/null); }
 
 start_runner() {
@@ -171,7 +188,14 @@ case "${1:-}" in
     stop-vllm)
         stop_one vllm
         ;;
+    start-serve)
+        start_serve
+        ;;
+    stop-serve)
+        stop_one serve
+        ;;
     stop)
+        stop_one serve
         stop_one vllm
         stop_one runner
         stop_one mlflow
@@ -187,9 +211,10 @@ case "${1:-}" in
         status_one mlflow "http://127.0.0.1:$MLFLOW_PORT" mlflow_healthy || true
         status_one runner "" runner_healthy || true
         status_one vllm "http://127.0.0.1:$VLLM_PORT" vllm_healthy || true
+        status_one serve "http://127.0.0.1:$SERVE_PORT/invocations" serve_healthy || true
         ;;
     *)
-        echo "usage: $0 start|stop|status|restart|start-vllm|stop-vllm" >&2
+        echo "usage: $0 start|stop|status|restart|start-vllm|stop-vllm|start-serve|stop-serve" >&2
         exit 2
         ;;
 esac

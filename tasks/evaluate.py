@@ -19,7 +19,7 @@ NIGHTLY_SUFFIX = "-nightly"
 @task(name="fetch-model", cache_policy=NO_CACHE, retries=1)
 def fetch_model(config: RunConfig, alias: str, dest: str) -> dict[str, Any]:
     """Download `<registered_model>@<alias>` into `dest`; returns its adapter folder, version and base policy."""
-    from memalpha.evaluation import resolve_adapter, transformers_flavor
+    from memalpha.evaluation import model_artifacts, resolve_adapter
 
     client = tracking.configure()
     name = config.tracking.registered_model
@@ -31,12 +31,11 @@ def fetch_model(config: RunConfig, alias: str, dest: str) -> dict[str, Any]:
     except (mlflow.exceptions.MlflowException, ValueError) as exc:
         raise RuntimeError(f"no model version of {name!r} has the alias {alias!r}; train one first (make train)") from exc
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version.version}", dst_path=dest))
-    flavor = transformers_flavor(local)
     adapter = resolve_adapter(local)
     trained_with = client.get_run(version.run_id).data.params if version.run_id else {}
-    # the base recorded at logging time, by local path, is exactly the weights the adapter was trained on
-    base = flavor.get("local_base_model_path")
-    policy = base if base and Path(base, "config.json").is_file() else trained_with.get("model.policy", config.model.policy)
+    # the base model logged with the writer is exactly the weights the adapter was trained on
+    base = model_artifacts(local).get("base_model")
+    policy = str(base) if base and (base / "config.json").is_file() else trained_with.get("model.policy", config.model.policy)
     return {"name": name, "version": version.version, "run_id": version.run_id, "adapter": str(adapter), "policy": policy}
 
 

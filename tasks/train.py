@@ -8,7 +8,6 @@ steps MLflow already has, so no step is logged twice or lost whatever fails wher
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import random
@@ -38,7 +37,6 @@ FAIL_AT_STEP_ENV = "MEMALPHA_FAIL_AT_STEP"
 RUN_ID_FILE = "mlflow_run_id"
 STAGING = "staging"
 TEXT_COLUMNS = ("prompt", "completion", "parsed_calls", "results", "memory")
-MODEL_REQUIREMENTS = ("torch", "transformers", "peft", "tokenizers", "safetensors")
 
 
 class InjectedFailure(RuntimeError):
@@ -403,10 +401,13 @@ def adopt_shipped_writer(run_dir: str, run_id: str, adapter: str) -> dict[str, A
 @task(name="register-model", cache_policy=NO_CACHE, retries=1)
 def register_model(config: RunConfig, run_dir: str, run_id: str, checkpoint: str, register: bool = True) -> dict[str, Any]:
     """Log the adapter the trainer selected on validation QA (run_dir/best; the final `checkpoint`'s when
-    the run never evaluated) as a transformers/PEFT model and register a new version; alias it `champion`
-    when its validation score beats the current champion's. (`latest` is an alias MLflow reserves and
-    resolves by itself: `models:/<name>/latest` is always the newest version.)"""
+    the run never evaluated) as the memory-writer pyfunc model (`serving/`: base model, adapter with its
+    record, config) and register a new version; alias it `champion` when its validation score beats the
+    current champion's. (`latest` is an alias MLflow reserves and resolves by itself:
+    `models:/<name>/latest` is always the newest version.)"""
     from memalpha.models.policy import load_policy
+    from memalpha.teacher import record
+    from serving.registry import log_writer_model
 
     logger = get_run_logger()
     client = tracking.configure()
@@ -416,16 +417,8 @@ def register_model(config: RunConfig, run_dir: str, run_id: str, checkpoint: str
     policy = load_policy(config.model, adapter=adapter, trainable=False, seed=config.grpo.seed)
     base = _base_model_path(config, policy, path)
     name = config.tracking.registered_model if register else None
-    with mlflow.start_run(run_id=run_id):
-        info = mlflow.transformers.log_model(
-            transformers_model={"model": policy.model, "tokenizer": policy.tokenizer},
-            name="model",
-            task="text-generation",
-            base_model_path=base,
-            registered_model_name=name,
-            # explicit: the flavour's defaults name torchvision, which has no CPU build here
-            pip_requirements=[f"{pkg}=={importlib.metadata.version(pkg)}" for pkg in MODEL_REQUIREMENTS],
-        )
+    with_record = record.with_writer_record(adapter, path / "registered-adapter", config)
+    info = log_writer_model(run_id, with_record, base, config.model_dump(mode="json"), name)
     outcome: dict[str, Any] = {"model_uri": info.model_uri, "base_model_path": base}
     outcome["plots"] = plots.log_training_plots(run_id)
     if name is None:

@@ -79,11 +79,11 @@ def test_resolve_adapter_layouts(adapter, tmp_path):
     shutil.copytree(adapter / "adapter", run / "best" / "adapter")
     assert resolve_adapter(run) == run / "best" / "adapter"  # unless validation selected an adapter
     model = tmp_path / "downloaded"
-    (model / "peft").mkdir(parents=True)
-    (model / "MLmodel").write_text("flavors:\n  transformers:\n    peft_adaptor: peft\n")
+    (model / "artifacts" / "adapter").mkdir(parents=True)
+    (model / "MLmodel").write_text("flavors:\n  python_function:\n    artifacts:\n      adapter:\n        path: artifacts/adapter\n")
     for name in ("adapter_config.json", "adapter_model.safetensors"):
-        (model / "peft" / name).write_bytes((adapter / "adapter" / name).read_bytes())
-    assert resolve_adapter(model) == model / "peft"
+        (model / "artifacts" / "adapter" / name).write_bytes((adapter / "adapter" / name).read_bytes())
+    assert resolve_adapter(model) == model / "artifacts" / "adapter"
     with pytest.raises(UserError, match="not an adapter folder"):
         resolve_adapter(tmp_path)
     with pytest.raises(UserError, match="no such file"):

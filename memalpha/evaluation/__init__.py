@@ -3,7 +3,7 @@ long context, RAG over raw chunks, closed book) under one reader and one context
 per-competency tables, length generalisation and the nightly regression check."""
 
 from memalpha.evaluation.length import LengthResult, evaluate_length
-from memalpha.evaluation.methods import resolve_adapter, transformers_flavor
+from memalpha.evaluation.methods import model_artifacts, resolve_adapter
 from memalpha.evaluation.regression import RegressionCheck, check_regression
 from memalpha.evaluation.report import write_report
 from memalpha.evaluation.results import EvalResult
@@ -17,6 +17,6 @@ __all__ = [
     "evaluate",
     "evaluate_length",
     "resolve_adapter",
-    "transformers_flavor",
+    "model_artifacts",
     "write_report",
 ]

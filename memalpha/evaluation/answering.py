@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from memalpha.config import RunConfig
 from memalpha.data.schema import Instance
 from memalpha.evaluation.methods import Built, Method
 from memalpha.models.readers import Reader, ReaderItem, make_reader
+from memalpha.progress import duration
 from memalpha.rewards.qa import score_answer
 from memalpha.rewards.rubric import compression
 from memalpha.tokens import TokenCounter, regex_token_count, tokenizer_counter
@@ -72,20 +73,43 @@ def _score(config: RunConfig, question, prediction: str) -> float:
     )
 
 
+ANSWER_SLICE = 64
+"""Questions answered per reader call when progress is shown (a line per slice at most every 10 s)."""
+
+
 def run_method(
-    method: Method, instances: list[Instance], seed: int, reader: Reader, config: RunConfig, input_tokens: list[int]
+    method: Method, instances: list[Instance], seed: int, reader: Reader, config: RunConfig, input_tokens: list[int],
+    say: Callable[[str], None] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Build, answer and score one method for one seed; returns (question rows, instance rows, memories)."""
     started = time.perf_counter()
     built: list[Built] = method.build(instances, seed)
-    return answer_built(method.name, instances, seed, built, time.perf_counter() - started, reader, config, input_tokens)
+    return answer_built(method.name, instances, seed, built, time.perf_counter() - started, reader, config, input_tokens, say)
+
+
+def answer_all(reader: Reader, items: list[ReaderItem], say: Callable[[str], None] | None, label: str) -> list[str]:
+    """The reader's answers to `items`; with `say`, in slices with a progress line (answered, rate, ETA)."""
+    if say is None or len(items) <= ANSWER_SLICE:
+        return reader.answer(items) if items else []
+    answers: list[str] = []
+    started, last = time.perf_counter(), float("-inf")
+    for start in range(0, len(items), ANSWER_SLICE):
+        answers.extend(reader.answer(items[start:start + ANSWER_SLICE]))
+        now = time.perf_counter()
+        if now - last >= 10 or len(answers) == len(items):
+            last = now
+            rate = len(answers) / (now - started)
+            say(f"  {label}: answered {len(answers)}/{len(items)} questions | {rate:.2f} questions/s | "
+                f"ETA {duration((len(items) - len(answers)) / rate)}")
+    return answers
 
 
 def answer_built(
     method: str, instances: list[Instance], seed: int, built: list[Built], build_total: float, reader: Reader,
-    config: RunConfig, input_tokens: list[int],
+    config: RunConfig, input_tokens: list[int], say: Callable[[str], None] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """Answer and score the contexts one method built (so that several readers can read one build)."""
+    """Answer and score the contexts one method built (so that several readers can read one build);
+    `say` gets progress lines while the reader answers."""
     if len(built) != len(instances):
         raise RuntimeError(f"method {method} built {len(built)} contexts for {len(instances)} instances")
     items = []
@@ -94,7 +118,7 @@ def answer_built(
             raise RuntimeError(f"method {method}: {len(result.contexts)} contexts for {len(inst.questions)} questions of {inst.instance_id}")
         items.extend(ReaderItem(context, q) for context, q in zip(result.contexts, inst.questions))
     started = time.perf_counter()
-    predictions = reader.answer(items) if items else []
+    predictions = answer_all(reader, items, say, method)
     answer_total = time.perf_counter() - started
     question_rows: list[dict[str, Any]] = []
     instance_rows: list[dict[str, Any]] = []

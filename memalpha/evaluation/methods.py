@@ -282,10 +282,13 @@ class PolicyMethod(Method):
         if rechunked:
             self.env.say(f"  {self.name}: {len(rechunked)} of {len(instances)} instances have chunks longer than the "
                          f"writer's {chunk_tokens} tokens: cut to that size")
+        from memalpha.writer import WriteProgress
+
         generator = None if not self.stochastic else torch.Generator(device=self.policy.device).manual_seed(seed)
         size = self.env.config.eval.batch_size
+        progress = WriteProgress(sum(len(i.chunks) for i in instances), self.env.say, label=f"  {self.name}: writing")
         batches = write_unasked(self.policy, instances, self._rollout_config(), batch_size=size,
-                                generator=generator, greedy=not self.stochastic)
+                                generator=generator, greedy=not self.stochastic, on_chunks=progress)
         built: list[Built] = []
         began = time.perf_counter()  # each batch is written when the loop asks for it
         for number, (written, rollouts) in enumerate(batches, 1):
@@ -350,17 +353,20 @@ _URI_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:", "s3://", "gs://", "ht
 MLMODEL = "MLmodel"
 
 
-def transformers_flavor(folder: Path) -> dict[str, Any]:
-    """The `transformers` flavor section of a downloaded MLflow model's MLmodel file ({} when absent)."""
+def model_artifacts(folder: Path) -> dict[str, Path]:
+    """The artifacts of a downloaded memory-writer model (`serving/writer_model.py`, a pyfunc): the paths its
+    MLmodel file names under `flavors.python_function.artifacts` (`adapter`, `base_model`, `config`),
+    resolved inside `folder`; {} when it names none."""
     flavors = (yaml.safe_load((Path(folder) / MLMODEL).read_text()) or {}).get("flavors", {})
-    return flavors.get("transformers", {}) or {}
+    artifacts = (flavors.get("python_function") or {}).get("artifacts") or {}
+    return {name: Path(folder) / spec["path"] for name, spec in artifacts.items() if isinstance(spec, dict) and "path" in spec}
 
 
 def resolve_adapter(model: str | Path) -> Path:
     """The LoRA adapter folder behind `model`: an adapter folder itself (a shipped one in `adapters/` too),
     a training checkpoint (`<ckpt>/adapter`), a run folder (the adapter it selected on validation QA,
-    `best/adapter`, else its latest checkpoint's), or a downloaded registered model (the
-    `peft_adaptor` folder its MLmodel names). MLflow URIs are resolved by the tasks layer, not here."""
+    `best/adapter`, else its latest checkpoint's), or a downloaded registered model (the `adapter`
+    artifact its MLmodel names). MLflow URIs are resolved by the tasks layer, not here."""
     text = str(model)
     if text.startswith(_URI_SCHEMES):
         raise UserError(
@@ -380,10 +386,11 @@ def resolve_adapter(model: str | Path) -> Path:
     if latest is not None and (latest / ADAPTER / ADAPTER_CONFIG).is_file():
         return policy_adapter(latest)
     if (path / MLMODEL).is_file():
-        adapter = path / (transformers_flavor(path).get("peft_adaptor") or "peft_adaptor")
-        if (adapter / ADAPTER_CONFIG).is_file():
+        adapter = model_artifacts(path).get("adapter")
+        if adapter is not None and (adapter / ADAPTER_CONFIG).is_file():
             return adapter
-        raise UserError(f"--model {path}: the MLmodel names no PEFT adapter folder with {ADAPTER_CONFIG} (looked in {adapter})")
+        raise UserError(f"--model {path}: the MLmodel names no adapter artifact with {ADAPTER_CONFIG} (a memory-writer "
+                        f"model logged by memalpha has one)")
     raise UserError(
         f"--model {path}: not an adapter folder ({ADAPTER_CONFIG}), checkpoint (adapter/), run folder (best/, checkpoints/) "
         "or downloaded registered model (MLmodel)"

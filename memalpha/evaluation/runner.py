@@ -80,7 +80,7 @@ def _run_one(name: str, env: EvalEnv, model_uri, instances: list[Instance], seed
             if config.eval.ray_workers:
                 q_rows, i_rows, built_memories = run_method_on_ray(config, name, model_uri, instances, seed, input_tokens)
             else:
-                q_rows, i_rows, built_memories = run_method(method, instances, seed, reader.get(), config, input_tokens)
+                q_rows, i_rows, built_memories = run_method(method, instances, seed, reader.get(), config, input_tokens, say)
             question_rows.extend(q_rows)
             instance_rows.extend(i_rows)
             memories.extend(built_memories)

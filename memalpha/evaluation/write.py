@@ -5,22 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from memalpha.config import RunConfig
-from memalpha.data.schema import Instance
 
 
 def write_memory(adapter: str | Path, chunks: list[str], config: RunConfig | None = None) -> dict:
     """The memory (core, semantic, episodic) a writer with the LoRA `adapter` builds from `chunks`, one
     writer call per chunk (chunks longer than the writer's chunk size are cut to it first);
-    `config` sets the policy and the budgets (default: the recipe's)."""
-    from memalpha.data.chunking import TokenCounts, fit_instance
-    from memalpha.models.policy import load_policy
-    from memalpha.teacher.record import writer_chunk_tokens
-    from memalpha.training.rollout import write_unasked
+    `config` sets the policy and the budgets (default: the recipe's). For many conversations, load the
+    writer once: `memalpha.writer.MemoryWriter`."""
+    from memalpha.writer import Conversation, MemoryWriter
 
-    config = config or RunConfig()
-    policy = load_policy(config.model, adapter=Path(adapter), trainable=False, seed=config.grpo.seed)
-    instance = Instance("yours", "user", "accurate_retrieval", list(chunks), [])
-    instance, _ = fit_instance(instance, TokenCounts(policy.tokenizer), writer_chunk_tokens(adapter))
-    [(written, _)] = list(write_unasked(policy, [instance], config, batch_size=1))
-    store = written[0].memory
-    return {"core": store.paragraph("core"), **{s: [e.content for e in store.entries(s)] for s in ("semantic", "episodic")}}
+    [memory] = MemoryWriter(adapter, config).write([Conversation("yours", chunks=list(chunks))])
+    return {key: memory[key] for key in ("core", "semantic", "episodic") if key in memory}

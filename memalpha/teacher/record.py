@@ -102,6 +102,29 @@ def writer_chunk_tokens(adapter: str | Path | None) -> int:
     return int((kept or {}).get("chunk_tokens", WRITER_CHUNK_TOKENS))
 
 
+def training_chunk_tokens(config: RunConfig) -> int:
+    """The chunk size of a run's training data (its manifest's `chunk_tokens`; under `data.mix`, the first
+    folder's), else WRITER_CHUNK_TOKENS."""
+    folder = Path(next(iter(config.data.mix), config.data.train_path))
+    manifest = folder / "manifest.json"
+    if manifest.is_file():
+        return int(json.loads(manifest.read_text()).get("chunk_tokens") or WRITER_CHUNK_TOKENS)
+    return WRITER_CHUNK_TOKENS
+
+
+def with_writer_record(adapter: Path, out: Path, config: RunConfig) -> Path:
+    """`adapter` copied to `out` with a record naming what a user of the writer needs: the chunk size and
+    prompt budget it was trained with (a shipped adapter keeps its own record)."""
+    out = Path(out)
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(adapter, out)
+    if read_record(out) is None:
+        entry = {"chunk_tokens": training_chunk_tokens(config), "max_prompt_tokens": config.rollout.max_prompt_tokens,
+                 "policy": config.model.policy}
+        (out / RECORD_FILE).write_text(json.dumps(entry, indent=1, sort_keys=True) + "\n")
+    return out
+
+
 def read_record(folder: Path) -> dict[str, Any] | None:
     """The record of a shipped adapter folder, or None when it holds none."""
     path = Path(folder) / RECORD_FILE

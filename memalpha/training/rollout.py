@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -134,12 +134,14 @@ def collect_rollouts(
     judge=None,
     greedy: bool = False,
     reader_view_mode: str | None = None,
+    on_chunks: Callable[[int], None] | None = None,
 ) -> RolloutBatch:
     """Run G rollouts of each instance, chunk position by chunk position, and score every sample.
 
     `reader` answers questions (memalpha.models.readers); `judge` is an LLM judge for r4 (None: the
     rule judge). Greedy decoding (evaluation) ignores the generator. `reader_view_mode` overrides
-    `reward.reader_view` (held-out evaluation reads through retrieval, as the paper does).
+    `reward.reader_view` (held-out evaluation reads through retrieval, as the paper does). `on_chunks`
+    gets the number of chunks written after each batched call (progress).
     Instances are used as given: truncation for training happens when the data is loaded.
     """
     G = num_generations
@@ -159,6 +161,8 @@ def collect_rollouts(
                     prompt_ids=ids[i], completion_ids=out.completion_ids[i], sampling_logps=out.logps[i],
                     truncated=out.truncated[i], prompt_truncated=cut[i], memory_json=episode.store.to_json(),
                 ))
+            if on_chunks is not None:
+                on_chunks(len(active))
     start = time.perf_counter()
     scores = score_episodes(episodes, config, reader, judge, reader_view_mode)
     batch.answers = [score.answers for score in scores]
@@ -185,13 +189,15 @@ class Written:
 
 def write_unasked(policy, instances: list[Instance], config: RunConfig, *, batch_size: int,
                   generator: torch.Generator | None = None, greedy: bool = True,
+                  on_chunks: Callable[[int], None] | None = None,
                   ) -> Iterator[tuple[list[Written], RolloutBatch]]:
     """The policy writes `instances` (G=1, no reader) `batch_size` at a time, as evaluation and DAgger
-    labelling do; yields each batch as written, with its RolloutBatch for the counters."""
+    labelling do; yields each batch as written, with its RolloutBatch for the counters. `on_chunks`: see
+    `collect_rollouts`."""
     for start in range(0, len(instances), batch_size):
         batch = instances[start:start + batch_size]
         rollouts = collect_rollouts(policy, [replace(i, questions=[]) for i in batch], config, num_generations=1,
-                                    generator=generator, reader=None, greedy=greedy)
+                                    generator=generator, reader=None, greedy=greedy, on_chunks=on_chunks)
         yield [
             Written(instance, memory, [s for s in rollouts.samples if s.instance_index == b])
             for b, (instance, memory) in enumerate(zip(batch, rollouts.memories))
