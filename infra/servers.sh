@@ -124,7 +124,9 @@ start_serve() {
     if ! mlflow_healthy >/dev/null 2>&1; then echo "serve: the MLflow server is not up; run \`make up\` first" >&2; return 1; fi
     if port_busy "$SERVE_PORT"; then echo "serve: port $SERVE_PORT is taken by another process" >&2; return 1; fi
     # --env-manager local: the project's environment already holds everything the model needs
-    launch serve env MLFLOW_TRACKING_URI="http://127.0.0.1:$MLFLOW_PORT" "$REPO/.venv/bin/mlflow" models serve \
+    # the scoring server execs `uvicorn` from PATH
+    launch serve env MLFLOW_TRACKING_URI="http://127.0.0.1:$MLFLOW_PORT" PATH="$REPO/.venv/bin:$PATH" \
+        "$REPO/.venv/bin/mlflow" models serve \
         -m "$SERVE_MODEL" --env-manager local -h 127.0.0.1 -p "$SERVE_PORT" --workers 1
     START_TIMEOUT="${MEMALPHA_SERVE_START_TIMEOUT:-300}" wait_healthy serve serve_healthy
     echo "serve: http://127.0.0.1:$SERVE_PORT/invocations (pid $(cat "$(pidfile serve)"), model $SERVE_MODEL, log $STATE/serve.log)"

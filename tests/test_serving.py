@@ -1,0 +1,145 @@
+"""The memory writer as an MLflow pyfunc: logged and registered like grpo/train does, loaded back, and served
+by the real `mlflow models serve` process on 127.0.0.1 (the tiny policy, so a request takes a second)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from memalpha.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONVERSATION = {"id": "maya", "turns": [
+    {"speaker": "Maya", "text": "I moved to Lisbon last week.", "date": "1:00 pm on 8 May, 2023"},
+    {"speaker": "Maya", "text": "I work at a bakery now.", "date": "1:00 pm on 8 May, 2023"}],
+    "questions": ["Where does Maya work?"]}
+
+
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory):
+    """A tiny writer logged and registered as version 1 of `writer`, aliased champion; (tracking URI, tmp)."""
+    import mlflow
+
+    from memalpha.models.policy import load_policy
+    from memalpha.teacher.record import with_writer_record
+    from serving.registry import log_writer_model
+
+    tmp = tmp_path_factory.mktemp("serving")
+    config = load_config(ROOT / "configs" / "tiny.yaml")
+    policy = load_policy(config.model, seed=0)
+    policy.save_adapter(tmp / "adapter")
+    policy.model.get_base_model().save_pretrained(tmp / "base")
+    policy.tokenizer.save_pretrained(tmp / "base")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    mlflow.set_tracking_uri(uri)
+    client = mlflow.MlflowClient()
+    experiment = client.create_experiment("serving", artifact_location=str(tmp / "artifacts"))
+    run = client.create_run(experiment)
+    adapter = with_writer_record(tmp / "adapter", tmp / "registered-adapter", config)
+    info = log_writer_model(run.info.run_id, adapter, tmp / "base", config.model_dump(mode="json"), "writer")
+    client.set_registered_model_alias("writer", "champion", str(info.registered_model_version))
+    yield uri, tmp
+    mlflow.set_tracking_uri(None)
+
+
+def test_pyfunc_writes_a_memory_and_answers_and_names_bad_fields(registered):
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    uri, tmp = registered
+    mlflow.set_tracking_uri(uri)
+    model = mlflow.pyfunc.load_model("models:/writer@champion")
+    assert "inputs" in str(model.metadata.get_input_schema()) or model.metadata.signature is not None
+    [memory] = model.predict([CONVERSATION])
+    assert set(memory) >= {"id", "core", "semantic", "episodic", "chunks", "answers"}
+    assert memory["id"] == "maya" and memory["chunks"] == 1 and len(memory["answers"]) == 1
+    second = model.predict([CONVERSATION, {"chunks": ["Ben: I have a dog named Rex."]}])
+    assert [m["id"] for m in second] == ["maya", "inputs[1]"] and "answers" not in second[1]
+    for bad, message in [({"turns": [{"speaker": "Maya"}]}, r"inputs\[0\].turns\[0\]: missing field 'text'"),
+                         ({"turns": [{"speaker": "Maya", "text": 7}]}, r"turns\[0\].text: expected a string, got int"),
+                         ({"turns": []}, r"inputs\[0\]: the conversation is empty")]:
+        with pytest.raises(MlflowException, match=message):
+            model.predict([bad])
+    downloaded = Path(mlflow.artifacts.download_artifacts("models:/writer@champion", dst_path=str(tmp / "download")))
+    record = json.loads((downloaded / "artifacts" / "registered-adapter" / "record.json").read_text())
+    assert record["chunk_tokens"] == 512 and record["max_prompt_tokens"] == 1024
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(port: int, body: bytes, timeout: float = 120) -> tuple[int, str]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.fixture(scope="module")
+def server(registered):
+    uri, tmp = registered
+    port = _free_port()
+    # the scoring server execs `uvicorn` from PATH: the environment's bin folder first
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "OMP_NUM_THREADS": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    log = open(tmp / "serve.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/writer@champion",
+                             "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port), "--workers", "1"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2):
+                break
+        except OSError:
+            assert proc.poll() is None, (tmp / "serve.log").read_text()[-3000:]
+            time.sleep(1)
+    else:
+        pytest.fail("mlflow models serve did not answer /ping: " + (tmp / "serve.log").read_text()[-3000:])
+    yield port
+    os.killpg(proc.pid, 15)
+    proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_serving_answers_a_conversation_with_a_memory_and_refuses_bad_requests_without_dying(server):
+    status, body = _post(server, json.dumps({"inputs": [CONVERSATION]}).encode())
+    assert status == 200, body
+    [memory] = json.loads(body)["predictions"]
+    assert memory["id"] == "maya" and {"core", "semantic", "episodic", "answers"} <= set(memory)
+    bad_requests = [
+        (json.dumps({"inputs": [{"turns": [{"speaker": "Maya"}]}]}), "missing field 'text'"),
+        (json.dumps({"inputs": [{"turns": [{"speaker": "Maya", "text": ["not", "a", "string"]}]}]}), "expected a string"),
+        (json.dumps({"inputs": [{"turns": []}]}), "the conversation is empty"),
+        (json.dumps({"inputs": [{"text": "x" * 10_000_000}]}), "more than the 2,000,000"),
+        ('{"inputs": [{"turns": ', "json"),
+    ]
+    for body_text, message in bad_requests:
+        status, answer = _post(server, body_text.encode())
+        assert 400 <= status < 500, (status, answer[:500])
+        assert message.lower() in answer.lower(), answer[:500]
+    assert _post(server, json.dumps({"inputs": [CONVERSATION]}).encode())[0] == 200  # still serving
+
+
+@pytest.mark.slow
+def test_serving_eight_concurrent_clients_five_requests_each_without_error(server):
+    def client(k: int) -> list[int]:
+        return [_post(server, json.dumps({"inputs": [{**CONVERSATION, "id": f"c{k}-{i}"}]}).encode())[0] for i in range(5)]
+
+    with ThreadPoolExecutor(8) as pool:
+        statuses = [s for result in pool.map(client, range(8)) for s in result]
+    assert statuses == [200] * 40
