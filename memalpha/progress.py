@@ -38,16 +38,24 @@ class StepMeter:
         ran = step - self.first
         return (time.perf_counter() - self.started) / ran if ran > 0 else None
 
-    def rate_and_eta(self, step: int) -> str:
+    def rate_and_eta(self, step: int, deadline: float | None = None) -> str:
+        """`s/step | ETA`; under a time budget (`deadline`, a `time.time()`) the ETA counts only the steps
+        that fit before it, and says so."""
         ran = step - self.first
         if ran <= 0:
             return "starting"
         per_step = (time.perf_counter() - self.started) / ran
-        return f"{per_step:.1f} s/step | ETA {duration(per_step * max(self.total - step, 0))}"
+        left = max(self.total - step, 0)
+        if deadline is not None:
+            fit = max(int((deadline - time.time()) // per_step), 0)
+            if fit < left:
+                return (f"{per_step:.1f} s/step | time budget: {fit} more step{'s' if fit != 1 else ''} of {left} left"
+                        + (f", ETA {duration(per_step * fit)}" if fit else ", stopping"))
+        return f"{per_step:.1f} s/step | ETA {duration(per_step * left)}"
 
 
 def grpo_line(step: int, total: int, metrics: dict[str, float], meter: StepMeter,
-              warm_start_qa: float | None = None) -> str:
+              warm_start_qa: float | None = None, deadline: float | None = None) -> str:
     """The line of one GRPO step: reward and its parts, and the held-out QA when it was evaluated (beside
     the warm start's, when known)."""
     parts = " ".join(f"{name} {metrics[f'rewards/{name}/mean']:.2f}" for name in REWARD_COMPONENTS
@@ -57,20 +65,20 @@ def grpo_line(step: int, total: int, metrics: dict[str, float], meter: StepMeter
         line += f" | held-out QA {metrics['eval/qa_score']:.3f}"
         if warm_start_qa is not None:
             line += f" (warm start {warm_start_qa:.3f})"
-    return f"{line} | {meter.rate_and_eta(step)}"
+    return f"{line} | {meter.rate_and_eta(step, deadline)}"
 
 
 class GRPOProgress:
     """`Trainer.train` callback: one `grpo_line` per step, through `emit`."""
 
-    def __init__(self, total: int, done: int = 0, emit: Emit = print):
-        self.total, self.emit = total, emit
+    def __init__(self, total: int, done: int = 0, emit: Emit = print, deadline: float | None = None):
+        self.total, self.emit, self.deadline = total, emit, deadline
         self.meter = StepMeter(total, done)
         self.warm_start_qa: float | None = None
 
     def __call__(self, result) -> None:
         self.warm_start_qa = result.metrics.get("warm_start/eval/qa_score", self.warm_start_qa)
-        self.emit(grpo_line(result.step, self.total, result.metrics, self.meter, self.warm_start_qa))
+        self.emit(grpo_line(result.step, self.total, result.metrics, self.meter, self.warm_start_qa, self.deadline))
 
 
 class SFTProgress:

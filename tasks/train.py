@@ -271,7 +271,8 @@ def _train_steps(config: RunConfig, path: Path, first: int, last: int, started: 
         + (f" ({trainer.world.size} processes)" if trainer.world.size > 1 else ""))
     if resumed < first - 1:
         raise RuntimeError(f"block {first}-{last} needs the checkpoint of step {first - 1}; latest is step {resumed}")
-    progress = GRPOProgress(config.grpo.steps, trainer.step, say)
+    progress = GRPOProgress(config.grpo.steps, trainer.step, say, deadline=config.deadline(trainer.started))
+    trainer.say = say
     previous = time.perf_counter()
 
     def on_step(result) -> None:

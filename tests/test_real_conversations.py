@@ -247,3 +247,16 @@ def test_chunks_longer_than_the_writers_are_cut_to_it_and_evidence_follows():
     assert fitted.metadata["rechunked_from"] == 2048 and fitted.metadata["chunk_tokens"] == 128
     assert fit_instance(fitted, counter, 128) == (fitted, False)
     assert writer_chunk_tokens(WRITER) == 512  # the shipped writer's record names its chunk size
+
+
+def test_grpo_eta_counts_only_the_steps_the_time_budget_leaves(monkeypatch):
+    import time as time_module
+
+    from memalpha.progress import StepMeter
+
+    meter = StepMeter(total=8)
+    meter.started -= 100.0  # one step ran, in 100 s
+    now = time_module.time()
+    assert meter.rate_and_eta(1).endswith("ETA 11m 40s")  # 7 steps left
+    assert meter.rate_and_eta(1, deadline=now + 250).endswith("time budget: 2 more steps of 7 left, ETA 3m 20s")
+    assert meter.rate_and_eta(1, deadline=now + 50).endswith("time budget: 0 more steps of 7 left, stopping")

@@ -143,3 +143,32 @@ def test_serving_eight_concurrent_clients_five_requests_each_without_error(serve
     with ThreadPoolExecutor(8) as pool:
         statuses = [s for result in pool.map(client, range(8)) for s in result]
     assert statuses == [200] * 40
+
+
+def test_memalpha_write_reads_turns_prints_progress_and_writes_json(tmp_path, capsys):
+    from memalpha.cli import main
+    from memalpha.models.policy import load_policy
+
+    config = load_config(ROOT / "configs" / "tiny.yaml")
+    load_policy(config.model, seed=0).save_adapter(tmp_path / "adapter")
+    turns = tmp_path / "turns.jsonl"
+    turns.write_text("\n".join(json.dumps({"speaker": "Maya", "text": f"Fact number {i}: I keep {i} cats at home.",
+                                           "date": f"{i % 28 + 1} May 2023"}) for i in range(300)) + "\n")
+    out = tmp_path / "memory.json"
+    code = main(["write", "--model", str(tmp_path / "adapter"), "--config", str(ROOT / "configs" / "tiny.yaml"),
+                 "--input", str(turns), "--out", str(out)])
+    assert code == 0
+    memory = json.loads(out.read_text())
+    printed = capsys.readouterr().out
+    assert f"writing: {memory['chunks']}/{memory['chunks']} chunks" in printed and "ETA" in printed
+    assert memory["id"] == "turns" and memory["chunks"] > 3 and {"core", "semantic", "episodic"} <= set(memory)
+
+
+def test_memalpha_write_names_the_bad_line(tmp_path, capsys):
+    from memalpha.cli import main
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"speaker": "Maya", "text": "hi"}\n{"speaker": "Maya", "text": 5}\n')
+    assert main(["write", "--input", str(bad), "--out", str(tmp_path / "m.json")]) == 2
+    assert "turns[1].text: expected a string, got int" in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()

@@ -156,12 +156,17 @@ def test_a_time_budget_ends_training_at_the_last_step_that_fits_and_evaluates_it
     assert [r.step for r in results] == [1, 2, 3] and trainer.stopped_early
     assert last.name == "step-000003" and last.is_dir()
     assert "eval/qa_score" in results[2].metrics and "eval/qa_score" not in results[1].metrics
-    # started past the deadline: one step, evaluated, then stop
+    # started past the deadline: the warm start is checked (with progress lines), no step is started, and
+    # the checkpoint holds the state before the dropped step
     late = Trainer(_config(data, "grpo.steps=5", "time_budget_minutes=5"), _run_dir(tmp_path, run / SFT_DIR, "late"),
                    started=clock[0] - 600)
-    results = []
-    late.train(results.append)
-    assert [r.step for r in results] == [1] and late.stopped_early and "eval/qa_score" in results[0].metrics
+    said, results = [], []
+    late.say = said.append
+    last = late.train(results.append)
+    assert results == [] and late.stopped_early and late.step == 0 and last.name == "step-000000"
+    assert any(line.startswith("held-out check at step 0: ") and "ETA" in line for line in said)
+    assert any(line.startswith("held-out QA of the warm start: ") for line in said)
+    assert said[-1] == "5.0 min spent during step 1: stopped after step 0 of 5"
 
 
 def test_evaluate_is_greedy_and_does_not_touch_training_randomness(finished):

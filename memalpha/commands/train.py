@@ -66,7 +66,8 @@ def _train(args) -> int:
         f"ready in {time.perf_counter() - started:.0f} s")
     if trainer.maybe_resume(checkpoint):
         say(f"resumed at step {trainer.step}")
-    last = trainer.train(GRPOProgress(config.grpo.steps, trainer.step, say))
+    trainer.say = say if world.main else None
+    last = trainer.train(GRPOProgress(config.grpo.steps, trainer.step, say, deadline=config.deadline(trainer.started)))
     if trainer.budget_stop:
         say(f"time budget of {trainer.budget_stop}")
     say(f"done: {trainer.step} steps in {time.perf_counter() - started:.0f} s; "

@@ -213,6 +213,7 @@ def collect_step_rollouts(
     generator: torch.Generator | None,
     reader,
     judge=None,
+    on_chunks: Callable[[int], None] | None = None,
 ) -> RolloutBatch:
     """Step-level sampling from a shared memory state (`grpo.sampling=step`).
 
@@ -223,6 +224,7 @@ def collect_step_rollouts(
     states on-policy. After the
     last chunk the reader answers from the advanced memory: `qa_scores` report the trajectory's QA; they
     are shared by every candidate of a group, so they would cancel in its advantage and are left out of it.
+    `on_chunks`: see `collect_rollouts`.
     """
     G = num_generations
     states = _new_episodes(policy, instances, config, 1)
@@ -250,6 +252,8 @@ def collect_step_rollouts(
                 pick = _advance(group, generator)
                 states[b] = candidates[pick]
                 chosen[b].append(group[pick])
+            if on_chunks is not None:
+                on_chunks(len(active))
     start = time.perf_counter()
     scores = score_episodes(states, config, reader, judge)
     batch.memories = [state.store for state in states]

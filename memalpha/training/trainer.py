@@ -112,6 +112,8 @@ class Trainer:
         self.started = time.time() if started is None else started
         self.out_of_time = False
         """Whether the time budget has no room for another step (set by each `train_step`)."""
+        self.say: Callable[[str], None] | None = None
+        """Where progress lines of the held-out checks go (None: nowhere)."""
         self.stopped_early = False
         """Whether `train` stopped before `grpo.steps` because of the time budget."""
         cfg = config.grpo
@@ -196,11 +198,14 @@ class Trainer:
         started = time.perf_counter()
         # the policy before any update: the baseline the held-out curve starts from
         before = {f"warm_start/{k}": v for k, v in self.validate().items()} if self.step == 0 and self.world.main else {}
+        if before and self.say:
+            self.say(f"held-out QA of the warm start: {before['warm_start/eval/qa_score']:.3f}")
+        self._check_budget(0)
         instances = self._next_instances()
         collect = collect_step_rollouts if cfg.sampling == "step" else collect_rollouts
         batch = collect(
             self.policy, self.world.shard(instances), self.config, num_generations=self.config.rollout.num_generations,
-            generator=self.generator, reader=self.reader, judge=self.judge,
+            generator=self.generator, reader=self.reader, judge=self.judge, on_chunks=self._check_budget,
         )
         samples = batch.samples
         rewards = torch.tensor([s.reward.total for s in samples])
@@ -246,6 +251,15 @@ class Trainer:
             with open(self.run_dir / METRICS_FILE, "a") as fh:
                 fh.write(json.dumps({"step": self.step, **metrics}) + "\n")
         return StepResult(self.step, metrics, frame, memories, batch.trace)
+
+    def _check_budget(self, _chunks: int) -> None:
+        """Inside a step (after the warm start's check, between chunk positions): a spent time budget stops
+        the step. One process only: ranks of a data-parallel step must finish it together, so they stop
+        between steps (`out_of_time`)."""
+        deadline = self.config.deadline(self.started)
+        if self.world.size == 1 and deadline is not None and time.time() > deadline:
+            raise BudgetSpent(f"{self.config.time_budget_minutes} min spent during step {self.step + 1}: "
+                              f"stopped after step {self.step} of {self.config.grpo.steps}")
 
     def _collate(self, chosen: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """[left-padded prompt | right-padded completion] rows, attention mask, completion mask, width."""
@@ -401,8 +415,14 @@ class Trainer:
         if not instances:
             raise UserError(f"{self.config.data.train_path}: no {split!r} instances to evaluate on")
         started = time.perf_counter()
+        progress = None
+        if self.say is not None:
+            from memalpha.writer import WriteProgress
+
+            progress = WriteProgress(sum(len(i.chunks) for i in instances), self.say, label=f"held-out check at step {self.step}")
         batch = collect_rollouts(self.policy, instances, self.config, num_generations=1, generator=None,
-                                 reader=self.reader, judge=self.judge, greedy=True, reader_view_mode="retrieve")
+                                 reader=self.reader, judge=self.judge, greedy=True, reader_view_mode="retrieve",
+                                 on_chunks=progress)
         return evaluation_metrics(batch, time.perf_counter() - started)
 
     def validate(self) -> dict[str, float]:
@@ -479,7 +499,14 @@ class Trainer:
         end = min(until or cfg.steps, cfg.steps)
         last = None
         while self.step < end:
-            result = self.train_step()
+            try:
+                result = self.train_step()
+            except BudgetSpent as spent:  # the dropped step changed nothing: the checkpoint is the state before it
+                self.out_of_time, self.stopped_early = True, True
+                if self.say:
+                    self.say(str(spent))
+                last = self.save_checkpoint()
+                break
             if on_step is not None:
                 on_step(result)
             if self.step % cfg.checkpoint_every == 0 or self.step == end or self.out_of_time:
@@ -495,6 +522,10 @@ class Trainer:
         if not self.stopped_early:
             return None
         return f"{self.config.time_budget_minutes} min spent: stopped after step {self.step} of {self.config.grpo.steps}"
+
+
+class BudgetSpent(Exception):
+    """The time budget ran out inside a step; the step is dropped (nothing was updated)."""
 
 
 def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
