@@ -125,7 +125,9 @@ start_serve() {
     if port_busy "$SERVE_PORT"; then echo "serve: port $SERVE_PORT is taken by another process" >&2; return 1; fi
     # --env-manager local: the project's environment already holds everything the model needs
     # the scoring server execs `uvicorn` from PATH
+    # a request writes every chunk of its conversations: MLflow's 60 s default would cut long ones
     launch serve env MLFLOW_TRACKING_URI="http://127.0.0.1:$MLFLOW_PORT" PATH="$REPO/.venv/bin:$PATH" \
+        MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT="${MEMALPHA_SERVE_TIMEOUT:-1800}" \
         "$REPO/.venv/bin/mlflow" models serve \
         -m "$SERVE_MODEL" --env-manager local -h 127.0.0.1 -p "$SERVE_PORT" --workers 1
     START_TIMEOUT="${MEMALPHA_SERVE_START_TIMEOUT:-300}" wait_healthy serve serve_healthy

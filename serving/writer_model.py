@@ -7,15 +7,16 @@ of conversations, each `{"turns": [{"speaker", "text", "date"?}], "questions"?: 
 "episodic", "chunks"}`, with `answers` where questions were given. Bad input is an MlflowException with
 INVALID_PARAMETER_VALUE, which the scoring server answers with HTTP 400 and the message.
 
-Requests are written one at a time (one policy, one thread of generation), the conversations of a
-request together in one batch.
+One policy writes for every request: requests that arrive while it is busy wait and are then written
+together, all their conversations in one batched writer call per chunk position (`RequestBatcher`).
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, Callable
 
 import mlflow
 from mlflow.exceptions import MlflowException
@@ -37,6 +38,51 @@ def _conversations(model_input: Any) -> list[dict]:
     return model_input
 
 
+class RequestBatcher:
+    """Concurrent requests share the writer: whoever finds it idle writes every request waiting, in one
+    batch, and hands each request its memories; the others wait for theirs."""
+
+    def __init__(self, write: Callable[[list], list]):
+        self.write = write
+        self.cond = threading.Condition()
+        self.pending: list[tuple[list, Future]] = []
+        self.busy = False
+        self.batches: list[int] = []
+        """Requests per batch written (for tests and the serving benchmark)."""
+
+    def __call__(self, conversations: list) -> list:
+        done: Future = Future()
+        with self.cond:
+            self.pending.append((conversations, done))
+        while not done.done():
+            with self.cond:
+                if self.busy:
+                    self.cond.wait(timeout=0.1)
+                    continue
+                if done.done():
+                    break
+                self.busy, batch, self.pending = True, self.pending, []
+            self._run(batch)
+        return done.result()
+
+    def _run(self, batch: list[tuple[list, Future]]) -> None:
+        try:
+            memories = self.write([c for conversations, _ in batch for c in conversations])
+            start = 0
+            for conversations, done in batch:
+                done.set_result(memories[start:start + len(conversations)])
+                start += len(conversations)
+        except Exception as exc:  # noqa: BLE001 - every waiting request gets the error
+            for _, done in batch:
+                if not done.done():
+                    done.set_exception(exc)
+        finally:
+            with self.cond:
+                self.batches.append(len(batch))
+                self.busy = False
+                self.cond.notify_all()
+
+
 class MemoryWriterModel(PythonModel):
     def load_context(self, context) -> None:
         from memalpha.config import RunConfig
@@ -44,7 +90,7 @@ class MemoryWriterModel(PythonModel):
 
         config = RunConfig.model_validate(json.loads(open(context.artifacts["config"]).read()))
         self.writer = MemoryWriter(context.artifacts["adapter"], config, base_model=context.artifacts.get("base_model"))
-        self.lock = threading.Lock()
+        self.batcher = RequestBatcher(self.writer.write)
 
     def predict(self, context, model_input: list[dict[str, Any]], params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         from memalpha.writer import WriteInputError, parse_conversation
@@ -58,8 +104,7 @@ class MemoryWriterModel(PythonModel):
             conversations = [parse_conversation(_clean(item), f"inputs[{i}]") for i, item in enumerate(items)]
         except WriteInputError as exc:
             raise MlflowException(str(exc), INVALID_PARAMETER_VALUE) from None
-        with self.lock:
-            return self.writer.write(conversations)
+        return self.batcher(conversations)
 
 
 def _clean(item: Any) -> Any:

@@ -172,3 +172,33 @@ def test_memalpha_write_names_the_bad_line(tmp_path, capsys):
     assert main(["write", "--input", str(bad), "--out", str(tmp_path / "m.json")]) == 2
     assert "turns[1].text: expected a string, got int" in capsys.readouterr().err
     assert not (tmp_path / "m.json").exists()
+
+
+def test_requests_that_arrive_while_the_writer_is_busy_are_written_together():
+    import threading
+
+    from serving.writer_model import RequestBatcher
+
+    calls, gate = [], threading.Event()
+
+    def write(conversations):
+        calls.append(list(conversations))
+        if len(calls) == 1:
+            gate.wait(5)  # the first batch is busy while the others arrive
+        return [f"memory of {c}" for c in conversations]
+
+    batcher = RequestBatcher(write)
+    results = {}
+    threads = [threading.Thread(target=lambda k=k: results.__setitem__(k, batcher([f"a{k}", f"b{k}"]))) for k in range(4)]
+    threads[0].start()
+    while not calls:
+        pass
+    for t in threads[1:]:
+        t.start()
+    while len(batcher.pending) < 3:
+        pass
+    gate.set()
+    for t in threads:
+        t.join(10)
+    assert results == {k: [f"memory of a{k}", f"memory of b{k}"] for k in range(4)}
+    assert batcher.batches == [1, 3] and len(calls[1]) == 6
