@@ -10,6 +10,9 @@ export GX_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+# DB=postgres (or MEMALPHA_DB=postgres): MLflow and Prefect on a local PostgreSQL, installed from Debian's
+# packages where missing (infra/postgres.sh, infra/README.md); SQLite by default
+DB ?= $(MEMALPHA_DB)
 
 .PHONY: setup gemma3 vllm browser test test-fast train warm-start bench gpu-check up down status serve clean
 
@@ -62,7 +65,7 @@ test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not integration and not browser"
 
 train: setup
-	bash infra/train.sh
+	MEMALPHA_DB=$(DB) bash infra/train.sh
 
 # the recipe's warm start (~1 h on 2 cores), stored as adapters/warm-start with its hash and held-out checks;
 # needed only when the recipe changes (tests/test_record.py says so)
@@ -81,7 +84,7 @@ gpu-check: setup vllm
 
 # VLLM=1 also starts the vLLM server of rollout.engine=vllm (after `make vllm`)
 up: setup
-	MEMALPHA_VLLM=$(VLLM) bash infra/servers.sh start
+	MEMALPHA_VLLM=$(VLLM) MEMALPHA_DB=$(DB) bash infra/servers.sh start
 
 # the registered memory writer (models:/memalpha-policy@champion) behind `mlflow models serve` on 127.0.0.1:5001
 serve: up

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Local servers for memalpha: the Prefect server (SQLite), the MLflow UI and the deployment runner, and,
+# Local servers for memalpha: the Prefect server and the MLflow server (on SQLite, or on PostgreSQL with
+# MEMALPHA_DB=postgres: infra/postgres.sh), the deployment runner, and,
 # with MEMALPHA_VLLM=1 (`make up VLLM=1`), the vLLM server of `rollout.engine=vllm`; `start-serve`
 # (`make serve`) serves the registered memory writer (`models:/memalpha-policy@champion`).
 #   bash infra/servers.sh start|stop|status|restart
@@ -72,6 +73,9 @@ wait_healthy() {
     done
 }
 
+# shellcheck source=infra/postgres.sh
+source "$REPO/infra/postgres.sh"
+
 prefect_healthy() { curl -fsS "http://127.0.0.1:$PREFECT_PORT/api/health"; }
 mlflow_healthy() { curl -fsS "http://127.0.0.1:$MLFLOW_PORT/health"; }
 # The runner is ready once it has registered and polled every deployment since it started.
@@ -80,19 +84,24 @@ runner_healthy() { (cd "$REPO" && "$PY" -m flows.deployments ready --since "$(ca
 start_prefect() {
     if is_running prefect; then echo "prefect: already running (pid $(cat "$(pidfile prefect)"))"; return; fi
     if port_busy "$PREFECT_PORT"; then echo "prefect: port $PREFECT_PORT is taken by another process" >&2; return 1; fi
-    launch prefect "$REPO/.venv/bin/prefect" server start --host 127.0.0.1 --port "$PREFECT_PORT"
+    if [[ -n "$PREFECT_DB_URI" ]]; then
+        launch prefect env PREFECT_API_DATABASE_CONNECTION_URL="$PREFECT_DB_URI" \
+            "$REPO/.venv/bin/prefect" server start --host 127.0.0.1 --port "$PREFECT_PORT"
+    else
+        launch prefect "$REPO/.venv/bin/prefect" server start --host 127.0.0.1 --port "$PREFECT_PORT"
+    fi
     wait_healthy prefect prefect_healthy
-    echo "prefect: http://127.0.0.1:$PREFECT_PORT (pid $(cat "$(pidfile prefect)"), db in $PREFECT_HOME)"
+    echo "prefect: http://127.0.0.1:$PREFECT_PORT (pid $(cat "$(pidfile prefect)"), db $(masked "${PREFECT_DB_URI:-sqlite in $PREFECT_HOME}"))"
 }
 
 start_mlflow() {
     if is_running mlflow; then echo "mlflow: already running (pid $(cat "$(pidfile mlflow)"))"; return; fi
     if port_busy "$MLFLOW_PORT"; then echo "mlflow: port $MLFLOW_PORT is taken by another process" >&2; return 1; fi
-    launch mlflow "$REPO/.venv/bin/mlflow" server --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 1 \
-        --backend-store-uri "sqlite:///$REPO/mlruns/mlflow.db" \
-        --default-artifact-root "$REPO/mlruns/artifacts"
+    # the store URI through the environment (mlflow server reads MLFLOW_BACKEND_STORE_URI), not argv
+    launch mlflow env MLFLOW_BACKEND_STORE_URI="$MLFLOW_STORE_URI" "$REPO/.venv/bin/mlflow" server \
+        --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 1 --default-artifact-root "$REPO/mlruns/artifacts"
     wait_healthy mlflow mlflow_healthy
-    echo "mlflow: http://127.0.0.1:$MLFLOW_PORT (pid $(cat "$(pidfile mlflow)"), store $REPO/mlruns)"
+    echo "mlflow: http://127.0.0.1:$MLFLOW_PORT (pid $(cat "$(pidfile mlflow)"), store $(masked "$MLFLOW_STORE_URI"), artifacts $REPO/mlruns/artifacts)"
 }
 
 vllm_healthy() { curl -fsS "http://127.0.0.1:$VLLM_PORT/v1/models"; }
@@ -180,6 +189,7 @@ status_one() {
 
 case "${1:-}" in
     start)
+        choose_stores
         start_prefect
         start_mlflow
         start_runner
@@ -204,6 +214,7 @@ case "${1:-}" in
         stop_one runner
         stop_one mlflow
         stop_one prefect
+        stop_postgres
         ;;
     restart)
         "$0" stop
@@ -216,6 +227,7 @@ case "${1:-}" in
         status_one runner "" runner_healthy || true
         status_one vllm "http://127.0.0.1:$VLLM_PORT" vllm_healthy || true
         status_one serve "http://127.0.0.1:$SERVE_PORT/invocations" serve_healthy || true
+        status_postgres
         ;;
     *)
         echo "usage: $0 start|stop|status|restart|start-vllm|stop-vllm|start-serve|stop-serve" >&2
