@@ -205,6 +205,12 @@ case "${1:-}" in
     start-serve)
         start_serve
         ;;
+    start-postgres)
+        start_postgres
+        ;;
+    stop-postgres)
+        stop_postgres
+        ;;
     stop-serve)
         stop_one serve
         ;;
@@ -230,7 +236,7 @@ case "${1:-}" in
         status_postgres
         ;;
     *)
-        echo "usage: $0 start|stop|status|restart|start-vllm|stop-vllm|start-serve|stop-serve" >&2
+        echo "usage: $0 start|stop|status|restart|start-vllm|stop-vllm|start-serve|stop-serve|start-postgres|stop-postgres" >&2
         exit 2
         ;;
 esac

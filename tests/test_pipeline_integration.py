@@ -66,10 +66,9 @@ def stop(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    """Prefect server + runner serving every deployment, against a temp MLflow store. Yields env and paths."""
-    tmp = tmp_path_factory.mktemp("stack")
+def serve_stack(tmp: Path, extra_env: dict[str, str] | None = None):
+    """Prefect server + runner serving every deployment, against a temp MLflow store (`extra_env` may point
+    both at other databases). Yields env and paths."""
     port = free_port()
     env = {
         **os.environ,
@@ -83,8 +82,9 @@ def stack(tmp_path_factory):
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        **(extra_env or {}),
     }
-    (tmp / "mlruns").mkdir()
+    (tmp / "mlruns").mkdir(exist_ok=True)
     server = start([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, tmp / "server.log")
     procs = [server]
     try:
@@ -100,6 +100,12 @@ def stack(tmp_path_factory):
     finally:
         for proc in reversed(procs):
             stop(proc)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """The stack on SQLite (Prefect's default database, MLflow's SQLite store)."""
+    yield from serve_stack(tmp_path_factory.mktemp("stack"))
 
 
 def prefect_json(stack, path: str, body: dict) -> list | dict:
