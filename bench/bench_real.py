@@ -312,10 +312,41 @@ def run() -> dict[str, Any]:
                            "chunks": sum(len(i.chunks) for i in synthetic)}
     report["targets"] = targets(report)
     report["curves"] = curves
+    if SHIP:
+        report["shipped"] = ship_writer(report, curves, data)
     report["settings"] = {"seeds": list(SEEDS), "steps": STEPS, "chunk_tokens": CHUNK_TOKENS,
                           "demonstrations": DEMONSTRATIONS, "mix": mix(data), "overrides": base_overrides(data),
                           "minutes_this_run": round((time.perf_counter() - started) / 60, 1)}
     return report
+
+
+def ship_writer(report: dict[str, Any], curves: dict[int, list], data: dict[str, Path]) -> dict[str, Any]:
+    """The seed with the best validation QA as adapters/writer, when the trained writer beats the shipped one
+    on LoCoMo and holds the synthetic bench; its record names the data, splits, chunk size and scores."""
+    from memalpha.data.conversations import LOCOMO_SPLITS
+    from memalpha.teacher import record
+    from memalpha.training.checkpoint import checkpoint_dir, policy_adapter
+
+    t = report["targets"]
+    beats = t["LoCoMo local: trained > shipped synthetic-only writer"]
+    holds = next(v for k, v in t.items() if k.startswith("synthetic learning bench"))
+    if not (beats and holds):
+        return {"shipped": False, "why": "needs trained > the shipped writer on LoCoMo and the synthetic bench held"}
+    validation = {seed: curve[-1].get("validation_qa", float("-inf")) for seed, curve in curves.items()}
+    best = max(validation, key=lambda seed: (validation[seed], -seed))
+    config = seed_config(best, data)
+    scores = {source: {reader: {k: v for k, v in block["methods"][f"trained_seed{best}"].items() if k in ("qa", "f1", "memory_tokens")}
+                       for reader, block in report[source]["readers"].items()} for source in ("locomo", "synthetic")}
+    entry = {"seed": best, "step": STEPS, "validation_qa": validation[best], "validation_qa_seeds": validation,
+             "data": {"mix": mix(data), "locomo_splits": {**LOCOMO_SPLITS, "other conversations": "test"},
+                      "perltqa": "hash split by character" if "perltqa" in data else "absent"},
+             "warm_start_hash": record.warm_start_hash(config), "chunk_tokens": CHUNK_TOKENS,
+             "max_prompt_tokens": config.rollout.max_prompt_tokens,
+             "grpo": config.grpo.model_dump(mode="json"), "rollout": config.rollout.model_dump(mode="json"),
+             "test": scores["synthetic"], "test_locomo": scores["locomo"],
+             "test_set": "synthetic: the learning bench's 48 held-out conversations; LoCoMo: conv-42..conv-50 whole, greedy"}
+    record.ship(policy_adapter(checkpoint_dir(RUN_ROOT / f"seed{best}", STEPS)), record.WRITER, entry)
+    return {"shipped": True, "seed": best, "validation_qa": validation[best]}
 
 
 def to_markdown(results: dict[str, Any]) -> str:

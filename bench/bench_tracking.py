@@ -78,6 +78,7 @@ class Backend:
             self.prefect_uri = f"sqlite+aiosqlite:///{tmp}/prefect.db"
             return
         port = _free_port()
+        tmp.chmod(0o755)  # the cluster's owner (the `postgres` user under root) must reach its folder
         self.env.update({"MEMALPHA_STATE": str(tmp / "state"), "MEMALPHA_PG_PORT": str(port)})
         subprocess.run(["bash", str(ROOT / "infra" / "servers.sh"), "start-postgres"], env=self.env, check=True,
                        capture_output=True, text=True)
@@ -151,8 +152,9 @@ def mlflow_load(url: str, tmp: Path, experiment: str, during=None) -> dict[str, 
 
     outs = [tmp / f"{experiment}-{i}.json" for i in range(PROCESSES)]
     started = time.perf_counter()
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     procs = [subprocess.Popen([PY, "-c", f"from bench.bench_tracking import logger_main; logger_main({url!r}, {experiment!r}, {i}, {str(o)!r})"],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(tmp / f"{experiment}-{i}.log", "w"))
+                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / f"{experiment}-{i}.log", "w"))
              for i, o in enumerate(outs)]
     if during is not None:
         during()

@@ -53,6 +53,11 @@ pg_init() {  # the run folder (socket, server log) belongs to the cluster's owne
     if [[ "$(id -u)" == 0 ]]; then
         id postgres >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin postgres
         chown postgres "$pwfile" "$PG_DATA" "$PG_DIR/run"
+        if ! runuser -u postgres -- test -x "$PG_DATA"; then
+            echo "postgres: the postgres user cannot reach $PG_DATA (a parent folder lacks o+x); set MEMALPHA_STATE elsewhere" >&2
+            rm -f "$pwfile"
+            return 1
+        fi
     fi
     chmod 700 "$PG_DATA"
     pg_as_owner "$bin/initdb" -D "$PG_DATA" -U "$PG_ROLE" --pwfile="$pwfile" --auth=scram-sha-256 \

@@ -30,6 +30,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.postgres]
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("postgres-stack")
+    for folder in (tmp, *tmp.parents[:2]):  # the cluster's owner (the `postgres` user under root) must reach it
+        folder.chmod(folder.stat().st_mode | 0o011)
     pg_port = free_port()
     env = {**os.environ, "MEMALPHA_STATE": str(tmp / "state"), "MEMALPHA_PG_PORT": str(pg_port)}
     started = subprocess.run(["bash", str(REPO / "infra" / "servers.sh"), "start-postgres"], env=env,
