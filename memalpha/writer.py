@@ -143,10 +143,12 @@ class MemoryWriter:
     def __init__(self, adapter: str | Path, config: RunConfig | None = None, base_model: str | Path | None = None):
         from memalpha.models.policy import load_policy
         from memalpha.teacher.record import writer_chunk_tokens
+        from memalpha.training.engines import check_engine
 
         config = config or RunConfig()
         if base_model is not None:
             config = config.model_copy(update={"model": config.model.model_copy(update={"policy": str(base_model)})})
+        check_engine(config.rollout, config.model.policy)  # rollout.engine=vllm writes on its server
         self.config = config
         self.adapter = Path(adapter)
         self.chunk_tokens = writer_chunk_tokens(adapter)
