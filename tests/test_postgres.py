@@ -39,6 +39,8 @@ def stack(tmp_path_factory):
     if started.returncode != 0:
         pytest.skip(f"PostgreSQL could not be installed or started here: {(started.stderr or started.stdout).strip()[-500:]}")
     passfile = tmp / "state" / "postgres" / "pgpass"
+    previous = os.environ.get("PGPASSFILE")
+    os.environ["PGPASSFILE"] = str(passfile)  # the tests' own MLflow clients read the store too
     try:
         yield from serve_stack(tmp, {
             "PGPASSFILE": str(passfile),
@@ -46,6 +48,10 @@ def stack(tmp_path_factory):
             "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://memalpha@127.0.0.1:{pg_port}/prefect",
         })
     finally:
+        if previous is None:
+            os.environ.pop("PGPASSFILE", None)
+        else:
+            os.environ["PGPASSFILE"] = previous
         subprocess.run(["bash", str(REPO / "infra" / "servers.sh"), "stop-postgres"], env=env, capture_output=True, timeout=120)
 
 
