@@ -202,3 +202,14 @@ def test_requests_that_arrive_while_the_writer_is_busy_are_written_together():
         t.join(10)
     assert results == {k: [f"memory of a{k}", f"memory of b{k}"] for k in range(4)}
     assert batcher.batches == [1, 3] and len(calls[1]) == 6
+
+
+def test_write_progress_says_writing_goes_on_during_a_long_call():
+    from memalpha.writer import WriteProgress
+
+    lines = []
+    with WriteProgress(4, lines.append, heartbeat=0.3, label="w") as progress:
+        time.sleep(1.0)  # one long batched call: no chunk finished yet
+        progress(4)
+    assert any(line.startswith("w: 0/4 chunks | writing the next ones") for line in lines)
+    assert lines[-1].startswith("w: 4/4 chunks |") and "ETA 0s" in lines[-1]

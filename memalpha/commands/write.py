@@ -58,8 +58,8 @@ def run(args) -> int:
         chunks = sum(len(writer.chunks(c)) for c in conversations)
         print(f"writer loaded in {time.perf_counter() - started:.1f} s (chunks of {writer.chunk_tokens} tokens); "
               f"{len(conversations)} conversation(s), {chunks} chunks", flush=True)
-        progress = WriteProgress(chunks, lambda line: print(line, flush=True))
-        memories = writer.write(conversations, progress, args.batch_size)
+        with WriteProgress(chunks, lambda line: print(line, flush=True)) as progress:
+            memories = writer.write(conversations, progress, args.batch_size)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = out.with_name(f".{out.name}.tmp")

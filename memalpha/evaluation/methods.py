@@ -271,10 +271,10 @@ class PolicyMethod(Method):
     def build(self, instances: list[Instance], seed: int) -> list[Built]:
         import torch
 
-        from memalpha.training.rollout import write_unasked
-
         from memalpha.data.chunking import TokenCounts, fit_instance
         from memalpha.teacher.record import writer_chunk_tokens
+        from memalpha.training.rollout import write_unasked
+        from memalpha.writer import WriteProgress
 
         chunk_tokens = writer_chunk_tokens(self.adapter)
         fitted = [fit_instance(inst, TokenCounts(self.policy.tokenizer), chunk_tokens) for inst in instances]
@@ -282,39 +282,38 @@ class PolicyMethod(Method):
         if rechunked:
             self.env.say(f"  {self.name}: {len(rechunked)} of {len(instances)} instances have chunks longer than the "
                          f"writer's {chunk_tokens} tokens: cut to that size")
-        from memalpha.writer import WriteProgress
-
         generator = None if not self.stochastic else torch.Generator(device=self.policy.device).manual_seed(seed)
         size = self.env.config.eval.batch_size
         progress = WriteProgress(sum(len(i.chunks) for i in instances), self.env.say, label=f"  {self.name}: writing")
-        batches = write_unasked(self.policy, instances, self._rollout_config(), batch_size=size,
-                                generator=generator, greedy=not self.stochastic, on_chunks=progress)
-        built: list[Built] = []
-        began = time.perf_counter()  # each batch is written when the loop asks for it
-        for number, (written, rollouts) in enumerate(batches, 1):
-            elapsed = time.perf_counter() - began
-            self.env.say(
-                f"  {self.name}: batch {number}/{-(-len(instances) // size)} ({len(written)} instances, "
-                f"{max(len(w.instance.chunks) for w in written)} chunk steps, {rollouts.generated_tokens:,} tokens generated) in {elapsed:.1f} s"
-            )
-            for w in written:
-                results = [res for sample in w.samples for res in sample.results]
-                # the policy wrote without the questions: their support is read off each step's memory now
-                supports = [memory_support(w.instance.questions, whole_memory_text(MemoryStore.from_json(s.memory_json)))
-                            for s in w.samples]
-                index = MemoryIndex(w.memory, self.env.config.retrieval, self.env.embedder)
-                built.append(Built(
-                    contexts=self.env.memory_contexts(w.memory, index, w.instance),
-                    memory_tokens=w.memory.token_count(),
-                    tool_calls=len(results),
-                    tool_calls_ok=sum(r.ok for r in results),
-                    seconds=elapsed / len(written),
-                    memory=w.memory.to_dict(),
-                    answers_lost=answers_lost(supports),
-                    prompts_cut=sum(s.prompt_truncated for s in w.samples),
-                    rechunked=w.instance.instance_id in rechunked,
-                ))
-            began = time.perf_counter()
+        with progress:
+            batches = write_unasked(self.policy, instances, self._rollout_config(), batch_size=size,
+                                    generator=generator, greedy=not self.stochastic, on_chunks=progress)
+            built: list[Built] = []
+            began = time.perf_counter()  # each batch is written when the loop asks for it
+            for number, (written, rollouts) in enumerate(batches, 1):
+                elapsed = time.perf_counter() - began
+                self.env.say(
+                    f"  {self.name}: batch {number}/{-(-len(instances) // size)} ({len(written)} instances, "
+                    f"{max(len(w.instance.chunks) for w in written)} chunk steps, {rollouts.generated_tokens:,} tokens generated) in {elapsed:.1f} s"
+                )
+                for w in written:
+                    results = [res for sample in w.samples for res in sample.results]
+                    # the policy wrote without the questions: their support is read off each step's memory now
+                    supports = [memory_support(w.instance.questions, whole_memory_text(MemoryStore.from_json(s.memory_json)))
+                                for s in w.samples]
+                    index = MemoryIndex(w.memory, self.env.config.retrieval, self.env.embedder)
+                    built.append(Built(
+                        contexts=self.env.memory_contexts(w.memory, index, w.instance),
+                        memory_tokens=w.memory.token_count(),
+                        tool_calls=len(results),
+                        tool_calls_ok=sum(r.ok for r in results),
+                        seconds=elapsed / len(written),
+                        memory=w.memory.to_dict(),
+                        answers_lost=answers_lost(supports),
+                        prompts_cut=sum(s.prompt_truncated for s in w.samples),
+                        rechunked=w.instance.instance_id in rechunked,
+                    ))
+                began = time.perf_counter()
         return built
 
     def close(self) -> None:

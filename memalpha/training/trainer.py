@@ -20,6 +20,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -420,9 +421,10 @@ class Trainer:
             from memalpha.writer import WriteProgress
 
             progress = WriteProgress(sum(len(i.chunks) for i in instances), self.say, label=f"held-out check at step {self.step}")
-        batch = collect_rollouts(self.policy, instances, self.config, num_generations=1, generator=None,
-                                 reader=self.reader, judge=self.judge, greedy=True, reader_view_mode="retrieve",
-                                 on_chunks=progress)
+        with progress or nullcontext():
+            batch = collect_rollouts(self.policy, instances, self.config, num_generations=1, generator=None,
+                                     reader=self.reader, judge=self.judge, greedy=True, reader_view_mode="retrieve",
+                                     on_chunks=progress)
         return evaluation_metrics(batch, time.perf_counter() - started)
 
     def validate(self) -> dict[str, float]:
