@@ -159,7 +159,8 @@ start_runner() {
     fi
     echo "$fingerprint" >"$STATE/runner.schema"
     date +%s >"$STATE/runner.started"
-    (cd "$REPO" && launch runner "$PY" -m flows.deployments serve)
+    # flow runs log where the MLflow server reads: the SQLite file itself, or (on a database) through the server
+    (cd "$REPO" && launch runner env MLFLOW_TRACKING_URI="$(cat "$STATE/tracking_uri")" "$PY" -m flows.deployments serve)
     wait_healthy runner runner_healthy
     echo "runner: serving deployments (pid $(cat "$(pidfile runner)"), log $STATE/runner.log)"
 }
@@ -190,6 +191,8 @@ status_one() {
 case "${1:-}" in
     start)
         choose_stores
+        if [[ "$MLFLOW_STORE_URI" == sqlite:* ]]; then echo "$MLFLOW_STORE_URI"; else echo "http://127.0.0.1:$MLFLOW_PORT"; fi \
+            >"$STATE/tracking_uri"
         start_prefect
         start_mlflow
         start_runner

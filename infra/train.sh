@@ -11,6 +11,7 @@ export PREFECT_API_URL="http://127.0.0.1:${MEMALPHA_PREFECT_PORT:-4200}/api"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false MLFLOW_DISABLE_TELEMETRY=true
 
 bash infra/servers.sh start
+export MLFLOW_TRACKING_URI="$(cat "$REPO/infra/state/tracking_uri")"  # where the flow runs log (servers.sh)
 
 started=$SECONDS
 name="make-train-$(date -u +%Y%m%d-%H%M%S)"
@@ -20,8 +21,8 @@ echo "triggering grpo/train as flow run '$name' (output in $log) ..."
 # log, without Prefect's prefixes; Prefect's event stream goes to $log and the UI.
 touch "$REPO/infra/state/runner.log"
 tail -n0 -F --pid=$$ "$REPO/infra/state/runner.log" 2>/dev/null \
-    | grep --line-buffered -E "warm start|grpo step|time budget|block [0-9]+-[0-9]+: checkpoint|registered" \
-    | sed -u -E 's/^.* - (warm start|grpo step|time budget|block|registered)/\1/' &
+    | grep --line-buffered -E "warm start|held-out|grpo step|time budget|spent during|block [0-9]+-[0-9]+: checkpoint|registered" \
+    | sed -u -E 's/^.* - (warm start|held-out|grpo step|time budget|[0-9.]+ min spent|block|registered)/\1/' &
 follow=$!
 trap 'kill $follow 2>/dev/null || true' EXIT
 set +e
