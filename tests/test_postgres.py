@@ -16,11 +16,9 @@ from test_pipeline_integration import (  # noqa: F401  (fixtures and tests re-ru
     serve_stack,
     trained,
 )
-from test_pipeline_integration import test_nightly_evaluates_the_champion as test_postgres_nightly_evaluates_the_champion
-from test_pipeline_integration import (
+from test_pipeline_integration import (  # noqa: F401  (collected here, on the PostgreSQL stack)
+    test_nightly_evaluates_the_champion as test_postgres_nightly_evaluates_the_champion,
     test_sweep_runs_its_children_on_ray_under_one_parent as test_postgres_sweep_runs_its_children_at_once,
-)
-from test_pipeline_integration import (
     test_train_deployment_resumes_after_injected_failure as test_postgres_train_deployment_resumes_after_injected_failure,
 )
 
@@ -55,7 +53,7 @@ def stack(tmp_path_factory):
         subprocess.run(["bash", str(REPO / "infra" / "servers.sh"), "stop-postgres"], env=env, capture_output=True, timeout=120)
 
 
-def test_postgres_holds_the_records(stack, trained):
+def test_postgres_holds_the_records(stack, trained):  # noqa: F811  (the imported fixture)
     """The stores really are PostgreSQL's: the MLflow runs and the Prefect flow runs are rows there."""
     env = {**os.environ, "PGPASSFILE": stack["env"]["PGPASSFILE"]}
     port = stack["env"]["MLFLOW_TRACKING_URI"].rsplit(":", 1)[1].split("/")[0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,39 +22,14 @@ from memalpha.data.io import (
     resolve_competency,
     with_default_type,
 )
+from memalpha.data.perltqa import load_perltqa
+from memalpha.data.raw import Loaded, RawInstance
 from memalpha.data.schema import DataError, Instance, Question, answer_to_str
 
 SOURCES = ("synthetic", "memalpha", "memoryagentbench", "locomo", "perltqa", "jsonl")
 
 LOCOMO_CATEGORIES = {1: "multi_hop", 2: "temporal", 3: "open_domain", 4: "single_hop", 5: "adversarial"}
 _DIA_ID = re.compile(r"D\d+:\d+")
-
-
-@dataclass
-class RawInstance:
-    """An instance before chunking: turns plus questions whose evidence is given as turn ids."""
-
-    instance_id: str
-    data_source: str
-    competency: str
-    turns: list[Turn]
-    questions: list[Question]
-    evidence_turns: dict[str, list[str]] = field(default_factory=dict)
-    """question_id -> ids of the turns that hold the answer."""
-    metadata: dict[str, Any] = field(default_factory=dict)
-    split: str = ""
-    """train/validation/test when the source fixes it (by conversation), else empty."""
-
-
-@dataclass
-class Loaded:
-    """What a loader returns: items in file order and where each came from (for error messages)."""
-
-    items: list[Instance | RawInstance]
-    origins: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    rejected: list[dict[str, Any]] = field(default_factory=list)
-    """Questions the loader dropped, as rows of the rejected table (io.REJECTED_COLUMNS)."""
 
 
 def to_instance(item: Instance | RawInstance, tokenizer: Any, chunk_tokens: int) -> Instance:
@@ -318,8 +293,6 @@ def load_source(source: str, path: str | Path, competency: str | None = None) ->
             loaded.items = [replace(item, competency=competency) for item in loaded.items]
         return loaded
     if source == "perltqa":
-        from memalpha.data.perltqa import load_perltqa
-
         loaded = load_perltqa(path)
         if competency:
             loaded.items = [replace(item, competency=competency) for item in loaded.items]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from memalpha.data.chunking import Turn
+from memalpha.data.raw import Loaded, RawInstance
 from memalpha.data.schema import DataError, Question
 
 MEM_FILE = "perltmem_en_v2.json"
@@ -166,8 +167,6 @@ def load_character(name: str, memory: dict[str, Any], qa: dict[str, Any], loc: s
 
 def load_perltqa(path: str | Path):
     """Both files of the release -> a `Loaded` of one raw instance per character that has dialogues."""
-    from memalpha.data.loaders import Loaded, RawInstance
-
     mem_path, qa_path = perltqa_files(path)
     memories = _characters(_read(mem_path), mem_path)
     qas = _characters(_read(qa_path), qa_path)
