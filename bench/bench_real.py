@@ -55,6 +55,8 @@ DATA = ROOT / "data" / "real"
 RUN_ROOT = ROOT / "runs" / "bench-real"
 WRITER = ROOT / "adapters" / "writer"
 BASE_WARM_START = ROOT / "adapters" / "warm-start"
+DIALOGUE_WARM_START = ROOT / "adapters" / "warm-start-dialogue"
+"""The warm start of this report, shipped: restored instead of trained when its record's hash is the recipe's."""
 CHECKPOINT_EVERY = 5
 BASELINES = ("rule_writer", "rag", "long_context", "no_memory")
 LOCOMO_CATEGORIES = ("single_hop", "multi_hop", "temporal", "open_domain")
@@ -103,7 +105,8 @@ def seed_config(seed: int, data: dict[str, Path]):
 
 
 def warm_start(data: dict[str, Path]) -> Path:
-    """The seeds' one warm start, `RUN_ROOT/warm-start/sft` (trained once, then reused)."""
+    """The seeds' one warm start, `RUN_ROOT/warm-start/sft`: DIALOGUE_WARM_START when its hash is this recipe's,
+    else trained once, then reused."""
     from memalpha.teacher.warm_start import prepare_warm_start
     from memalpha.training.checkpoint import SFT_DIR
 
@@ -111,7 +114,7 @@ def warm_start(data: dict[str, Path]) -> Path:
     started = time.perf_counter()
     if not (folder / SFT_DIR / "adapter_model.safetensors").is_file():
         print(f"warm start: SFT of {DEMONSTRATIONS} demonstrations from {BASE_WARM_START.name}", flush=True)
-        prepare_warm_start(seed_config(SEEDS[0], data), folder, shipped=RUN_ROOT / "none")
+        prepare_warm_start(seed_config(SEEDS[0], data), folder, shipped=DIALOGUE_WARM_START)
         print(f"warm start done in {(time.perf_counter() - started) / 60:.1f} min", flush=True)
     return folder / SFT_DIR
 

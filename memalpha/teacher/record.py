@@ -48,7 +48,8 @@ def demonstration_data(config: RunConfig) -> dict[str, Any]:
     `sft.mix`: each folder's weight and data, and the digest of the adapter SFT starts from."""
     if config.sft.mix:
         init = Path(config.sft.init_adapter) / WEIGHTS_FILE if config.sft.init_adapter else None
-        return {"mix": {folder: [weight, _folder_data(Path(folder))] for folder, weight in sorted(config.sft.mix.items())},
+        # by content, in mix order (the order seeds each folder's draw), so the hash does not depend on where the folders are
+        return {"mix": [[weight, _folder_data(Path(folder))] for folder, weight in config.sft.mix.items()],
                 "init_adapter_sha256": hashlib.sha256(init.read_bytes()).hexdigest() if init and init.is_file() else None}
     return _folder_data(Path(config.sft.data_path or config.data.train_path))
 
