@@ -1,5 +1,5 @@
 """One progress line per step, for people watching a run: step k/N, what was measured, seconds per step
-and ETA. The same lines go to the terminal (`memalpha train|sft`) and to the Prefect flow-run logs
+and ETA; and, for writing memories, chunks written of the total with rate and ETA (`WriteProgress`). The same lines go to the terminal (`memalpha train|sft`) and to the Prefect flow-run logs
 (the tasks pass their logger's `info` as `emit`).
 
     warm start step 4/16 | loss 0.8123 | 41.2 s/step | ETA 8m 14s
@@ -8,6 +8,7 @@ and ETA. The same lines go to the terminal (`memalpha train|sft`) and to the Pre
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable
 
@@ -107,3 +108,43 @@ class SFTProgress:
         left = deadline - time.time()
         last = min(total, step + max(int(left // per_step), 0) + 1)  # a step that starts before the deadline ends
         return "" if last >= total else f" | time budget: stops after step {last} of {total}, in {duration(left)}"
+
+
+class WriteProgress:
+    """Progress of writing: a line at most every `every` seconds as chunks are written (and at the end):
+    chunks written of the total, rate, ETA. Used as a context manager it also says, every `heartbeat`
+    seconds without a line, that writing goes on: one batched writer call can outlast 30 s on a CPU."""
+
+    def __init__(self, total_chunks: int, emit: Callable[[str], None], every: float = 10.0, label: str = "writing",
+                 heartbeat: float = 30.0):
+        self.total, self.emit, self.every, self.label, self.heartbeat = total_chunks, emit, every, label, heartbeat
+        self.done, self.started, self.last = 0, time.perf_counter(), time.perf_counter()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def __call__(self, chunks: int) -> None:
+        with self._lock:
+            self.done += chunks
+            now = time.perf_counter()
+            if now - self.last < self.every and self.done < self.total:
+                return
+            self.last = now
+            rate = self.done / max(now - self.started, 1e-9)
+            eta = duration((self.total - self.done) / rate) if rate > 0 else "?"
+            self.emit(f"{self.label}: {self.done}/{self.total} chunks | {rate:.2f} chunks/s | ETA {eta}")
+
+    def __enter__(self) -> WriteProgress:
+        threading.Thread(target=self._beat, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat / 3):
+            with self._lock:
+                now = time.perf_counter()
+                if now - self.last >= self.heartbeat and self.done < self.total:
+                    self.last = now
+                    self.emit(f"{self.label}: {self.done}/{self.total} chunks | writing the next ones, "
+                              f"{duration(now - self.started)} so far")

@@ -7,14 +7,13 @@ Conversations come as turns (speaker, text, optional date), ready chunks, or pla
 at the writer's chunk size (its record's `chunk_tokens`). With questions, the frozen base model answers
 them from the memory through retrieval, as in evaluation (the local reader).
 
-The same class serves `memalpha write`, `write_memory` and the MLflow pyfunc model (`serving/`).
+The same class serves `memalpha write`, `write_memory` and the MLflow pyfunc model (`serving/`); its progress
+lines come from `memalpha.progress.WriteProgress`.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +22,6 @@ from memalpha.config import RunConfig
 from memalpha.data.chunking import TokenCounts, Turn, chunk_turns, fit_chunks, text_turns
 from memalpha.data.schema import Instance, Question
 from memalpha.errors import UserError
-from memalpha.progress import duration
 
 MAX_TURNS = 20_000
 """Most turns one request may carry: a bound on the work one call can ask for."""
@@ -118,46 +116,6 @@ def read_conversations(path: str | Path) -> list[Conversation]:
         return [parse_conversation(item, f"{path}: item {i}") for i, item in enumerate(items)]
     conv = parse_conversation({"id": path.stem, "text": text}, str(path))
     return [conv]
-
-
-class WriteProgress:
-    """Progress of writing: a line at most every `every` seconds as chunks are written (and at the end):
-    chunks written of the total, rate, ETA. Used as a context manager it also says, every `heartbeat`
-    seconds without a line, that writing goes on: one batched writer call can outlast 30 s on a CPU."""
-
-    def __init__(self, total_chunks: int, emit: Callable[[str], None], every: float = 10.0, label: str = "writing",
-                 heartbeat: float = 30.0):
-        self.total, self.emit, self.every, self.label, self.heartbeat = total_chunks, emit, every, label, heartbeat
-        self.done, self.started, self.last = 0, time.perf_counter(), time.perf_counter()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-
-    def __call__(self, chunks: int) -> None:
-        with self._lock:
-            self.done += chunks
-            now = time.perf_counter()
-            if now - self.last < self.every and self.done < self.total:
-                return
-            self.last = now
-            rate = self.done / max(now - self.started, 1e-9)
-            eta = duration((self.total - self.done) / rate) if rate > 0 else "?"
-            self.emit(f"{self.label}: {self.done}/{self.total} chunks | {rate:.2f} chunks/s | ETA {eta}")
-
-    def __enter__(self) -> WriteProgress:
-        threading.Thread(target=self._beat, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.heartbeat / 3):
-            with self._lock:
-                now = time.perf_counter()
-                if now - self.last >= self.heartbeat and self.done < self.total:
-                    self.last = now
-                    self.emit(f"{self.label}: {self.done}/{self.total} chunks | writing the next ones, "
-                              f"{duration(now - self.started)} so far")
 
 
 class MemoryWriter:

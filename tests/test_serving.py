@@ -205,7 +205,7 @@ def test_requests_that_arrive_while_the_writer_is_busy_are_written_together():
 
 
 def test_write_progress_says_writing_goes_on_during_a_long_call():
-    from memalpha.writer import WriteProgress
+    from memalpha.progress import WriteProgress
 
     lines = []
     with WriteProgress(4, lines.append, heartbeat=0.3, label="w") as progress:

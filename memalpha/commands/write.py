@@ -41,7 +41,8 @@ def fetch_model(uri: str, dest: Path) -> Path:
 def run(args) -> int:
     from memalpha.config import RunConfig, load_config
     from memalpha.evaluation.methods import model_artifacts, resolve_adapter
-    from memalpha.writer import MemoryWriter, WriteProgress, read_conversations
+    from memalpha.progress import WriteProgress
+    from memalpha.writer import MemoryWriter, read_conversations
 
     conversations = read_conversations(args.input)
     with tempfile.TemporaryDirectory() as tmp:

@@ -274,7 +274,7 @@ class PolicyMethod(Method):
         from memalpha.data.chunking import TokenCounts, fit_instance
         from memalpha.teacher.record import writer_chunk_tokens
         from memalpha.training.rollout import write_unasked
-        from memalpha.writer import WriteProgress
+        from memalpha.progress import WriteProgress
 
         chunk_tokens = writer_chunk_tokens(self.adapter)
         fitted = [fit_instance(inst, TokenCounts(self.policy.tokenizer), chunk_tokens) for inst in instances]

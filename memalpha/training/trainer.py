@@ -418,7 +418,7 @@ class Trainer:
         started = time.perf_counter()
         progress = None
         if self.say is not None:
-            from memalpha.writer import WriteProgress
+            from memalpha.progress import WriteProgress
 
             progress = WriteProgress(sum(len(i.chunks) for i in instances), self.say, label=f"held-out check at step {self.step}")
         with progress or nullcontext():
