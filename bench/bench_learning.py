@@ -202,16 +202,15 @@ def warm_start() -> Path:
     return folder / SFT_DIR
 
 
-def train_seed(seed: int, warm: Path) -> tuple[list[dict[str, Any]], float]:
-    """One GRPO seed from the warm start, trained to STEPS (resumed where it stopped); its curve and the
-    seconds this call spent training."""
+def train_run(config, warm: Path, steps: int, name: str) -> tuple[list[dict[str, Any]], float]:
+    """One GRPO run in `config.output_dir` from the warm start to `steps` (resumed where it stopped), a
+    progress line per step; its metrics per step and the seconds this call spent training."""
     from memalpha.training.checkpoint import SFT_DIR, checkpoint_dir
     from memalpha.training.trainer import METRICS_FILE, Trainer
 
-    config = seed_config(seed)
     run_dir = Path(config.output_dir)
     started = time.perf_counter()
-    if not checkpoint_dir(run_dir, STEPS).is_dir():
+    if not checkpoint_dir(run_dir, steps).is_dir():
         if not (run_dir / SFT_DIR).exists():
             shutil.copytree(warm, run_dir / SFT_DIR)
         trainer = Trainer(config, run_dir)
@@ -220,14 +219,20 @@ def train_seed(seed: int, warm: Path) -> tuple[list[dict[str, Any]], float]:
 
         def progress(result) -> None:
             rate = (time.perf_counter() - started) / (result.step - first)
-            print(f"seed {seed} step {result.step}/{STEPS} reward {result.metrics['reward']:.3f} "
-                  f"({rate:.0f} s/step, ETA {rate * (STEPS - result.step) / 60:.1f} min for this seed)", flush=True)
+            print(f"{name} step {result.step}/{steps} reward {result.metrics['reward']:.3f} "
+                  f"({rate:.0f} s/step, ETA {rate * (steps - result.step) / 60:.1f} min for this run)", flush=True)
 
-        trainer.train(on_step=progress, until=STEPS)
+        trainer.train(on_step=progress, until=steps)
     history = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+    return history, time.perf_counter() - started
+
+
+def train_seed(seed: int, warm: Path) -> tuple[list[dict[str, Any]], float]:
+    """One GRPO seed from the warm start, trained to STEPS; its curve and the seconds this call spent training."""
+    history, seconds = train_run(seed_config(seed), warm, STEPS, f"seed {seed}")
     curve = [{"step": m["step"], "reward": m["reward"], "coverage": m["rewards/coverage/mean"],
               **({"validation_qa": m["eval/qa_score"]} if "eval/qa_score" in m else {})} for m in history]
-    return curve, time.perf_counter() - started
+    return curve, seconds
 
 
 def summarize(tests: list[dict[str, Any]]) -> dict[str, Any]:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import statistics
 import time
 from pathlib import Path
@@ -121,25 +120,9 @@ def warm_start(data: dict[str, Path]) -> Path:
 
 def train_seed(seed: int, warm: Path, data: dict[str, Path]) -> list[dict[str, Any]]:
     """One GRPO seed from the warm start to STEPS (resumed where it stopped); its curve."""
-    from memalpha.training.checkpoint import SFT_DIR, checkpoint_dir
-    from memalpha.training.trainer import METRICS_FILE, Trainer
+    from bench.bench_learning import train_run
 
-    config = seed_config(seed, data)
-    run_dir = Path(config.output_dir)
-    if not checkpoint_dir(run_dir, STEPS).is_dir():
-        if not (run_dir / SFT_DIR).exists():
-            shutil.copytree(warm, run_dir / SFT_DIR)
-        trainer = Trainer(config, run_dir)
-        trainer.maybe_resume()
-        first, started = trainer.step, time.perf_counter()
-
-        def progress(result) -> None:
-            rate = (time.perf_counter() - started) / (result.step - first)
-            print(f"seed {seed} step {result.step}/{STEPS} reward {result.metrics['reward']:.3f} "
-                  f"({rate:.0f} s/step, ETA {rate * (STEPS - result.step) / 60:.1f} min for this seed)", flush=True)
-
-        trainer.train(on_step=progress, until=STEPS)
-    history = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+    history, _ = train_run(seed_config(seed, data), warm, STEPS, f"seed {seed}")
     return [{"step": m["step"], "reward": m["reward"], **({"validation_qa": m["eval/qa_score"]} if "eval/qa_score" in m else {})}
             for m in history]
 
@@ -202,7 +185,7 @@ def score(config, instances, name: str, method: str, adapter: Path | None, folde
     from memalpha.rewards.qa import token_f1
 
     key = method_key(method, adapter)
-    results, built, build_s = {}, None, 0.0
+    results, built, build_s, input_tokens = {}, None, 0.0, None
     golds = {(i.instance_id, q.question_id): q.answers for i in instances for q in i.questions}
     for reader in READERS:
         path = folder / reader / f"{key}.json"
@@ -210,8 +193,9 @@ def score(config, instances, name: str, method: str, adapter: Path | None, folde
             if built is None:
                 print(f"{name}: writing ({method})", flush=True)
                 built, build_s = build(config, instances, method, adapter, folder)
-            tokenizer, _ = policy_tokenizer(config)
-            input_tokens = [sum(TokenCounts(tokenizer).counts(i.chunks)) for i in instances]
+            if input_tokens is None:
+                tokenizer, _ = policy_tokenizer(config)
+                input_tokens = [sum(TokenCounts(tokenizer).counts(i.chunks)) for i in instances]
             reader_config = config.model_copy(update={"model": config.model.model_copy(update={"reader": reader})})
             started = time.perf_counter()
             print(f"{name}: answering {sum(len(i.questions) for i in instances)} questions with the {reader} reader", flush=True)
