@@ -33,6 +33,7 @@ import json
 import os
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +187,7 @@ def score(config, instances, name: str, method: str, adapter: Path | None, folde
 
     key = method_key(method, adapter)
     results, built, build_s, input_tokens = {}, None, 0.0, None
+    say = partial(print, flush=True)  # progress lines of the reader's answers
     golds = {(i.instance_id, q.question_id): q.answers for i in instances for q in i.questions}
     for reader in READERS:
         path = folder / reader / f"{key}.json"
@@ -200,7 +202,7 @@ def score(config, instances, name: str, method: str, adapter: Path | None, folde
             started = time.perf_counter()
             print(f"{name}: answering {sum(len(i.questions) for i in instances)} questions with the {reader} reader", flush=True)
             rows, instance_rows, _ = answer_built(method, instances, 0, built, build_s, LazyReader(reader_config).get(),
-                                                  reader_config, input_tokens)
+                                                  reader_config, input_tokens, say=say)
             for row in rows:
                 row["f1"] = token_f1(row["prediction"], golds[(row["instance_id"], row["question_id"])])
             path.parent.mkdir(parents=True, exist_ok=True)
