@@ -20,8 +20,10 @@ and reader contexts) is cached under `RUN_ROOT/memories/<key>.json`, keyed by th
 weights (or the baseline's name) and of the test data, and each reader's scored rows beside it, so the
 report is rebuilt from the caches without writing a memory again. Needs the LoCoMo file at
 `MEMALPHA_LOCOMO` (default data/raw/locomo10.json) and optionally the PerLTQA folder at
-`MEMALPHA_PERLTQA` (default data/raw/perltqa); several hours on a 2-core CPU, so on a CPU it runs only
-with MEMALPHA_BENCH_REAL_ON_CPU=1.
+`MEMALPHA_PERLTQA` (default data/raw/perltqa). About 5 hours alone on a 2-core CPU (1 h of GRPO, then
+about 26 min a writer: 12-13 min writing the 7 test conversations, 13 min of local-reader answers), so on a
+CPU it runs only with MEMALPHA_BENCH_REAL_ON_CPU=1; run it alone (one process of it held 10 GB after the
+three seeds). Stop it between methods to lose no writing: each finished build and answer set is kept.
 
     MEMALPHA_BENCH_REAL_ON_CPU=1 python -m bench.run_all real
 """
