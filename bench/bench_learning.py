@@ -230,9 +230,29 @@ def train_run(config, warm: Path, steps: int, name: str) -> tuple[list[dict[str,
 def train_seed(seed: int, warm: Path) -> tuple[list[dict[str, Any]], float]:
     """One GRPO seed from the warm start, trained to STEPS; its curve and the seconds this call spent training."""
     history, seconds = train_run(seed_config(seed), warm, STEPS, f"seed {seed}")
-    curve = [{"step": m["step"], "reward": m["reward"], "coverage": m["rewards/coverage/mean"],
-              **({"validation_qa": m["eval/qa_score"]} if "eval/qa_score" in m else {})} for m in history]
-    return curve, seconds
+    return curve(history, coverage="rewards/coverage/mean"), seconds
+
+
+def curve(history: list[dict[str, Any]], **metrics: str) -> list[dict[str, Any]]:
+    """Per step of a run's metrics history: step, reward, the named `metrics` ({name: metric key}) and
+    `validation_qa` where the run evaluated."""
+    return [{"step": m["step"], "reward": m["reward"], **{name: m[key] for name, key in metrics.items()},
+             **({"validation_qa": m["eval/qa_score"]} if "eval/qa_score" in m else {})} for m in history]
+
+
+def best_seed(curves: dict[int, list[dict[str, Any]]]) -> tuple[int, dict[int, float]]:
+    """The seed with the best validation QA at the last step (the lowest seed on a tie) and every seed's."""
+    validation = {seed: c[-1].get("validation_qa", float("-inf")) for seed, c in curves.items()}
+    return max(validation, key=lambda seed: (validation[seed], -seed)), validation
+
+
+def curve_table(curves: dict[int, list[dict[str, Any]]]) -> list[str]:
+    """The markdown table of the GRPO curve per seed."""
+    lines = ["| seed | reward at step 1 | reward at the last step | validation QA at the last step |", "|---|---|---|---|"]
+    for seed, c in curves.items():
+        validation = next((f"{p['validation_qa']:.3f}" for p in reversed(c) if "validation_qa" in p), "")
+        lines.append(f"| {seed} | {c[0]['reward']:.3f} | {c[-1]['reward']:.3f} | {validation} |")
+    return lines
 
 
 def summarize(tests: list[dict[str, Any]]) -> dict[str, Any]:
@@ -328,8 +348,7 @@ def ship_writer(config, curves: dict[int, list[dict[str, Any]]], tests: dict[int
     from memalpha.teacher import record
     from memalpha.training.checkpoint import checkpoint_dir, policy_adapter
 
-    validation = {seed: curve[-1].get("validation_qa", float("-inf")) for seed, curve in curves.items()}
-    best = max(validation, key=lambda seed: (validation[seed], -seed))
+    best, validation = best_seed(curves)
     seed_config_ = seed_config(best)
     entry = {
         "seed": best, "step": STEPS, "validation_qa": validation[best], "validation_qa_seeds": validation,
@@ -403,9 +422,6 @@ def to_markdown(results: dict[str, Any]) -> str:
         lines += ["", "## Conflict questions by what the final memory holds", "",
                   "| method | current value only | both values | superseded only | neither |", "|---|---|---|---|---|"]
         lines += [f"| {name} | " + " | ".join(str(c[state]) for state in CONFLICT_MEMORY_STATES) + " |" for name, c in held.items()]
-    lines += ["", "![GRPO per seed, comparison per reader](learning.png)", "", "## GRPO curve per seed", "",
-              "| seed | reward at step 1 | reward at the last step | validation QA at the last step |", "|---|---|---|---|"]
-    for seed, curve in results["curves"].items():
-        validation = next((f"{p['validation_qa']:.3f}" for p in reversed(curve) if "validation_qa" in p), "")
-        lines.append(f"| {seed} | {curve[0]['reward']:.3f} | {curve[-1]['reward']:.3f} | {validation} |")
+    lines += ["", "![GRPO per seed, comparison per reader](learning.png)", "", "## GRPO curve per seed", ""]
+    lines += curve_table(results["curves"])
     return "\n".join(lines) + "\n"

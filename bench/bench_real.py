@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import BenchmarkSkipped
+from bench.bench_learning import best_seed, curve, curve_table, test_instances, train_run, training_data
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = tuple(int(s) for s in os.environ.get("MEMALPHA_BENCH_REAL_SEEDS", "0 1 2").split())
@@ -88,8 +89,6 @@ def prepare_data() -> dict[str, Path]:
 
 def mix(data: dict[str, Path]) -> dict[str, float]:
     """The training mix: the synthetic learning data and each real source, equal weights."""
-    from bench.bench_learning import training_data
-
     return {str(training_data()): 1.0, **{str(folder): 1.0 for folder in data.values()}}
 
 
@@ -123,11 +122,8 @@ def warm_start(data: dict[str, Path]) -> Path:
 
 def train_seed(seed: int, warm: Path, data: dict[str, Path]) -> list[dict[str, Any]]:
     """One GRPO seed from the warm start to STEPS (resumed where it stopped); its curve."""
-    from bench.bench_learning import train_run
-
     history, _ = train_run(seed_config(seed, data), warm, STEPS, f"seed {seed}")
-    return [{"step": m["step"], "reward": m["reward"], **({"validation_qa": m["eval/qa_score"]} if "eval/qa_score" in m else {})}
-            for m in history]
+    return curve(history)
 
 
 def test_sets(data: dict[str, Path]) -> dict[str, list]:
@@ -290,8 +286,6 @@ def run() -> dict[str, Any]:
         report[source] = {"readers": readers, "conversations": len(instances),
                           "questions": sum(len(i.questions) for i in instances),
                           "chunks": sum(len(i.chunks) for i in instances)}
-    from bench.bench_learning import test_instances
-
     synthetic = test_instances()  # the learning bench's 48 held-out conversations (288 questions)
     folder = RUN_ROOT / "memories" / f"synthetic-{data_key(synthetic)}"
     trained = {f"trained_seed{s}": score(config, synthetic, f"synthetic trained_seed{s}", "policy", adapters[f"trained_seed{s}"], folder)
@@ -323,8 +317,7 @@ def ship_writer(report: dict[str, Any], curves: dict[int, list], data: dict[str,
     holds = next(v for k, v in t.items() if k.startswith("synthetic learning bench"))
     if not (beats and holds):
         return {"shipped": False, "why": "needs trained > the shipped writer on LoCoMo and the synthetic bench held"}
-    validation = {seed: curve[-1].get("validation_qa", float("-inf")) for seed, curve in curves.items()}
-    best = max(validation, key=lambda seed: (validation[seed], -seed))
+    best, validation = best_seed(curves)
     config = seed_config(best, data)
     scores = {source: {reader: {k: v for k, v in block["methods"][f"trained_seed{best}"].items() if k in ("qa", "f1", "memory_tokens")}
                        for reader, block in report[source]["readers"].items()} for source in ("locomo", "synthetic")}
@@ -367,8 +360,5 @@ def to_markdown(results: dict[str, Any]) -> str:
             lines.append("")
     lines += ["## Targets", "", "| target | met |", "|---|---|"]
     lines += [f"| {name} | {'met' if met else 'missed'} |" for name, met in results["targets"].items()]
-    lines += ["", "## GRPO curve per seed", "", "| seed | reward at step 1 | reward at the last step | validation QA |", "|---|---|---|---|"]
-    for seed, curve in results["curves"].items():
-        validation = next((f"{p['validation_qa']:.3f}" for p in reversed(curve) if "validation_qa" in p), "")
-        lines.append(f"| {seed} | {curve[0]['reward']:.3f} | {curve[-1]['reward']:.3f} | {validation} |")
+    lines += ["", "## GRPO curve per seed", ""] + curve_table(results["curves"])
     return "\n".join(lines) + "\n"
