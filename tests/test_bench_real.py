@@ -45,7 +45,10 @@ def test_targets_judge_the_seeds_mean_against_each_method_and_the_synthetic_bar(
 
 
 def test_the_report_has_a_table_per_source_and_reader_and_each_target():
-    text = real.to_markdown(_report([0.20, 0.22, 0.24], warm_qa=0.17, synthetic_qa=0.28))
+    report = _report([0.20, 0.22, 0.24], warm_qa=0.17, synthetic_qa=0.28)
+    report["locomo"]["readers"]["local"]["trained_minus"] = {"rag": {"diff": 0.12, "ci95": [0.05, 0.19]}}
+    text = real.to_markdown(report)
+    assert "paired by question" in text and "rag +0.120 [+0.050, +0.190]" in text
     assert text.count("### local reader") == 2 and text.count("### evidence reader") == 2
     assert "| trained | 0.220 | 0.110 | 0.020 | 0.220 | 0.220 | 0.220 | 0.220 | 100 | 3.0 |" in text
     assert "| LoCoMo local: trained > warm start by 3 seed std | missed |" in text
@@ -78,3 +81,17 @@ def test_a_missing_locomo_file_says_where_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setattr(real, "LOCOMO", tmp_path / "locomo10.json")
     with pytest.raises(FileNotFoundError, match="locomo10.json.*MEMALPHA_LOCOMO"):
         real.prepare_data()
+
+
+def test_the_paired_difference_averages_the_seeds_per_question_and_its_interval_says_when_it_is_noise(tmp_path):
+    def rows(name: str, scores: list[float]):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"rows": [{"instance_id": f"c{i % 3}", "question_id": f"q{i}", "score": x}
+                                             for i, x in enumerate(scores)]}))
+        return path
+
+    seeds = [rows("s0", [1, 1, 0, 0] * 25), rows("s1", [1, 0, 1, 0] * 25)]
+    worse = real.paired_difference(seeds, rows("worse", [0.0] * 100))
+    assert worse["diff"] == pytest.approx(0.5) and 0 < worse["ci95"][0] < 0.5 < worse["ci95"][1]
+    level = real.paired_difference(seeds, rows("level", [1, 0, 0, 1] * 25))  # the same mean, other questions
+    assert level["diff"] == pytest.approx(0.0) and level["ci95"][0] < 0 < level["ci95"][1]
