@@ -318,8 +318,13 @@ def run() -> dict[str, Any]:
     report["curves"] = curves
     if SHIP:
         report["shipped"] = ship_writer(report, curves, data)
-    report["settings"] = {"seeds": list(SEEDS), "steps": STEPS, "chunk_tokens": CHUNK_TOKENS,
-                          "demonstrations": DEMONSTRATIONS, "mix": mix(data), "overrides": base_overrides(data),
+    if "perltqa" not in data:
+        report["perltqa"] = {"absent": f"no PerLTQA release at {PERLTQA.relative_to(ROOT) if PERLTQA.is_relative_to(ROOT) else PERLTQA} "
+                                       "(set MEMALPHA_PERLTQA to the folder of its English v2 files)"}
+    local = f"{ROOT}/"  # the report names the checkout's paths relative to it
+    report["settings"] = {"seeds": list(SEEDS), "steps": STEPS, "chunk_tokens": CHUNK_TOKENS, "demonstrations": DEMONSTRATIONS,
+                          "mix": {name.replace(local, ""): w for name, w in mix(data).items()},
+                          "overrides": [o.replace(local, "") for o in base_overrides(data)],
                           "minutes_this_run": round((time.perf_counter() - started) / 60, 1)}
     return report
 
@@ -364,6 +369,9 @@ def to_markdown(results: dict[str, Any]) -> str:
         if source not in results:
             continue
         r = results[source]
+        if "absent" in r:
+            lines += [f"## {source}: not run: {r['absent']}", ""]
+            continue
         lines += [f"## {source}: {r['conversations']} test conversations, {r['questions']} questions, {r['chunks']} chunks", ""]
         for reader, block in r["readers"].items():
             cats = [c for c in LOCOMO_CATEGORIES if c in block["methods"]["rag"]["by_category"]] if source == "locomo" else []

@@ -47,8 +47,10 @@ def test_targets_judge_the_seeds_mean_against_each_method_and_the_synthetic_bar(
 def test_the_report_has_a_table_per_source_and_reader_and_each_target():
     report = _report([0.20, 0.22, 0.24], warm_qa=0.17, synthetic_qa=0.28)
     report["locomo"]["readers"]["local"]["trained_minus"] = {"rag": {"diff": 0.12, "ci95": [0.05, 0.19]}}
+    report["perltqa"] = {"absent": "no PerLTQA release at data/raw/perltqa"}
     text = real.to_markdown(report)
     assert "paired by question" in text and "rag +0.120 [+0.050, +0.190]" in text
+    assert "## perltqa: not run: no PerLTQA release at data/raw/perltqa" in text
     assert text.count("### local reader") == 2 and text.count("### evidence reader") == 2
     assert "| trained | 0.220 | 0.110 | 0.020 | 0.220 | 0.220 | 0.220 | 0.220 | 100 | 3.0 |" in text
     assert "| LoCoMo local: trained > warm start by 3 seed std | missed |" in text
