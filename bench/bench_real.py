@@ -224,15 +224,16 @@ def summarize_rows(kept: dict[str, Any]) -> dict[str, Any]:
             "minutes": round((kept["build_seconds"] + kept["answer_seconds"]) / 60, 1)}
 
 
-def paired_difference(trained: list[Path], other: Path, resamples: int = 2000) -> dict[str, Any]:
-    """Trained (each question's score averaged over the seeds' row files `trained`) minus the method of row
-    file `other`, paired by question: the mean difference and its 95% bootstrap interval over questions."""
+def question_scores(path: Path) -> dict[tuple[str, str], float]:
+    """{(instance id, question id): score} of a reader's cached rows."""
+    return {(r["instance_id"], r["question_id"]): r["score"] for r in json.loads(path.read_text())["rows"]}
+
+
+def paired_difference(seeds: list[dict], theirs: dict, resamples: int = 2000) -> dict[str, Any]:
+    """Trained (each question's score averaged over the seeds' `question_scores`) minus another method's,
+    paired by question: the mean difference and its 95% bootstrap interval over questions."""
     import numpy as np
 
-    def scores(path: Path) -> dict[tuple[str, str], float]:
-        return {(r["instance_id"], r["question_id"]): r["score"] for r in json.loads(path.read_text())["rows"]}
-
-    seeds, theirs = [scores(path) for path in trained], scores(other)
     diff = np.array([np.mean([s[q] for s in seeds]) - theirs[q] for q in sorted(theirs)])
     means = diff[np.random.default_rng(0).integers(0, len(diff), (resamples, len(diff)))].mean(axis=1)
     return {"diff": float(diff.mean()), "ci95": [float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))]}
@@ -298,10 +299,10 @@ def run() -> dict[str, Any]:
         for reader in READERS:
             by_method = {name: m[reader] for name, m in methods.items()}
             trained = seeds_mean([by_method[f"trained_seed{s}"] for s in SEEDS])
-            seed_rows = [folder / reader / f"{keys[f'trained_seed{s}']}.json" for s in SEEDS]
+            per_question = {name: question_scores(folder / reader / f"{key}.json") for name, key in keys.items()}
+            seeds = [per_question.pop(f"trained_seed{s}") for s in SEEDS]
             readers[reader] = {"methods": {"trained": trained, **by_method},
-                               "trained_minus": {name: paired_difference(seed_rows, folder / reader / f"{key}.json")
-                                                 for name, key in keys.items() if not name.startswith("trained_seed")}}
+                               "trained_minus": {name: paired_difference(seeds, theirs) for name, theirs in per_question.items()}}
         report[source] = {"readers": readers, "conversations": len(instances),
                           "questions": sum(len(i.questions) for i in instances),
                           "chunks": sum(len(i.chunks) for i in instances)}
@@ -318,10 +319,10 @@ def run() -> dict[str, Any]:
     report["curves"] = curves
     if SHIP:
         report["shipped"] = ship_writer(report, curves, data)
-    if "perltqa" not in data:
-        report["perltqa"] = {"absent": f"no PerLTQA release at {PERLTQA.relative_to(ROOT) if PERLTQA.is_relative_to(ROOT) else PERLTQA} "
-                                       "(set MEMALPHA_PERLTQA to the folder of its English v2 files)"}
     local = f"{ROOT}/"  # the report names the checkout's paths relative to it
+    if "perltqa" not in data:
+        report["perltqa"] = {"absent": f"no PerLTQA release at {str(PERLTQA).replace(local, '')} "
+                                       "(set MEMALPHA_PERLTQA to the folder of its English v2 files)"}
     report["settings"] = {"seeds": list(SEEDS), "steps": STEPS, "chunk_tokens": CHUNK_TOKENS, "demonstrations": DEMONSTRATIONS,
                           "mix": {name.replace(local, ""): w for name, w in mix(data).items()},
                           "overrides": [o.replace(local, "") for o in base_overrides(data)],
@@ -331,7 +332,8 @@ def run() -> dict[str, Any]:
 
 def ship_writer(report: dict[str, Any], curves: dict[int, list], data: dict[str, Path]) -> dict[str, Any]:
     """The seed with the best validation QA as adapters/writer, when the trained writer beats the shipped one
-    on LoCoMo beyond the noise of its questions and holds the synthetic bench; its record names the data, splits, chunk size and scores."""
+    on LoCoMo beyond the noise of its questions and holds the synthetic bench; its record names the data,
+    splits, chunk size and scores."""
     from memalpha.data.conversations import LOCOMO_SPLITS
     from memalpha.teacher import record
     from memalpha.training.checkpoint import checkpoint_dir, policy_adapter

@@ -90,7 +90,7 @@ def test_the_paired_difference_averages_the_seeds_per_question_and_its_interval_
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps({"rows": [{"instance_id": f"c{i % 3}", "question_id": f"q{i}", "score": x}
                                              for i, x in enumerate(scores)]}))
-        return path
+        return real.question_scores(path)
 
     seeds = [rows("s0", [1, 1, 0, 0] * 25), rows("s1", [1, 0, 1, 0] * 25)]
     worse = real.paired_difference(seeds, rows("worse", [0.0] * 100))
