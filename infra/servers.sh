@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Local servers for memalpha: the Prefect server and the MLflow server (on SQLite, or on PostgreSQL with
 # MEMALPHA_DB=postgres: infra/postgres.sh), the deployment runner, and,
-# with MEMALPHA_VLLM=1 (`make up VLLM=1`), the vLLM server of `rollout.engine=vllm`; `start-serve`
+# with MEMALPHA_VLLM=1 (`make up VLLM=1`), the vLLM server of `rollout.engine=vllm`; `start-llama NAME`
+# starts a llama.cpp server (a packaged LLM reader or writer, or `writer`: the exported trained writer); `start-serve`
 # (`make serve`) serves the registered memory writer (`models:/memalpha-policy@champion`).
 #   bash infra/servers.sh start|stop|status|restart
 # Idempotent: `start` leaves running servers alone, `stop` ignores stopped ones. PID files and logs
@@ -126,6 +127,25 @@ start_vllm() {
     echo "vllm: http://127.0.0.1:$VLLM_PORT (pid $(cat "$(pidfile vllm)"), model $VLLM_MODEL, log $STATE/vllm.log)"
 }
 
+# llama.cpp servers (`make llm` builds them): command line and port come from memalpha.models.llamacpp
+llama_port() { (cd "$REPO" && "$PY" -m memalpha.models.llamacpp port "$1"); }
+llama_healthy() { curl -fsS "http://127.0.0.1:$1/health"; }
+
+start_llama() {
+    local name="$1" service="llama-$1" port
+    port="$(llama_port "$name")"
+    if is_running "$service"; then echo "$service: already running (pid $(cat "$(pidfile "$service")"))"; return; fi
+    if port_busy "$port"; then echo "$service: port $port is taken by another process" >&2; return 1; fi
+    local argv
+    argv="$(cd "$REPO" && "$PY" -m memalpha.models.llamacpp command "$name")"
+    mapfile -t argv <<<"$argv"
+    launch "$service" "${argv[@]}"
+    START_TIMEOUT="${MEMALPHA_LLAMA_START_TIMEOUT:-180}" wait_healthy "$service" llama_healthy "$port"
+    echo "$service: http://127.0.0.1:$port/v1 (pid $(cat "$(pidfile "$service")"), log $STATE/$service.log)"
+}
+
+llama_services() { for f in "$STATE"/llama-*.pid; do [[ -e "$f" ]] && basename "$f" .pid; done; return 0; }
+
 serve_healthy() { curl -fsS "http://127.0.0.1:$SERVE_PORT/ping"; }
 
 start_serve() {
@@ -208,6 +228,12 @@ case "${1:-}" in
     start-serve)
         start_serve
         ;;
+    start-llama)
+        start_llama "${2:?usage: $0 start-llama NAME}"
+        ;;
+    stop-llama)
+        stop_one "llama-${2:?usage: $0 stop-llama NAME}"
+        ;;
     start-postgres)
         start_postgres
         ;;
@@ -220,6 +246,7 @@ case "${1:-}" in
     stop)
         stop_one serve
         stop_one vllm
+        for service in $(llama_services); do stop_one "$service"; done
         stop_one runner
         stop_one mlflow
         stop_one prefect
@@ -236,10 +263,15 @@ case "${1:-}" in
         status_one runner "" runner_healthy || true
         status_one vllm "http://127.0.0.1:$VLLM_PORT" vllm_healthy || true
         status_one serve "http://127.0.0.1:$SERVE_PORT/invocations" serve_healthy || true
+        for service in $(llama_services); do
+            llama_port_now="$(llama_port "${service#llama-}")"
+            llama_check() { llama_healthy "$llama_port_now"; }
+            status_one "$service" "http://127.0.0.1:$llama_port_now/v1" llama_check || true
+        done
         status_postgres
         ;;
     *)
-        echo "usage: $0 start|stop|status|restart|start-vllm|stop-vllm|start-serve|stop-serve|start-postgres|stop-postgres" >&2
+        echo "usage: $0 start|stop|status|restart|start-vllm|stop-vllm|start-serve|stop-serve|start-llama NAME|stop-llama NAME|start-postgres|stop-postgres" >&2
         exit 2
         ;;
 esac

@@ -10,7 +10,7 @@ import sys
 from memalpha.config import ConfigError
 from memalpha.errors import ServiceError, UserError
 
-COMMANDS = ["config", "data", "sft", "train", "eval", "write"]
+COMMANDS = ["config", "data", "sft", "train", "eval", "write", "export"]
 
 
 def build_parser() -> argparse.ArgumentParser:

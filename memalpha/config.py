@@ -110,8 +110,9 @@ class ModelConfig(_Section):
     lora_alpha: int = Field(32, ge=1)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     lora_target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    reader: Literal["evidence", "local", "openai"] = "evidence"
-    """Who answers questions for r1: evidence check (fast, deterministic), the frozen base policy, or an HTTP endpoint."""
+    reader: Literal["evidence", "local", "openai", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"] = "evidence"
+    """Who answers questions for r1: evidence check (fast, deterministic), the frozen base policy, an HTTP
+    endpoint, or a packaged LLM on its llama.cpp server (`make llm`; `bash infra/servers.sh start-llama NAME`)."""
     judge: Literal["local", "openai"] = "local"
     """Backend of the LLM judge when reward.judge = llm."""
     openai_base_url: str = "http://127.0.0.1:8000/v1"
@@ -178,7 +179,7 @@ class RolloutConfig(_Section):
     """Nucleus sampling threshold (1 = off)."""
     max_prompt_tokens: int = Field(1024, ge=64)
     """Longer writer prompts keep their last tokens (counted in prompts/truncated_ratio)."""
-    engine: Literal["hf", "vllm"] = "hf"
+    engine: Literal["hf", "vllm", "llamacpp"] = "hf"
     """Where rollouts are sampled: `hf`, memalpha's batched transformers loop on the policy; `vllm`, a vLLM
     server the adapter is hot-swapped into each step (memalpha/training/engines.py). hf is faster on a CPU
     (bench/results/engines.md); vllm is the GPU engine."""
@@ -279,7 +280,8 @@ class SFTConfig(_Section):
         return self
 
 
-EVAL_METHODS = ("policy", "base", "sft", "rule_writer", "long_context", "rag", "no_memory")
+EVAL_METHODS = ("policy", "base", "sft", "rule_writer", "long_context", "rag", "no_memory", "oracle_evidence",
+                "llm_writer_0.5b", "llm_writer_1.5b")
 """Evaluation methods (memalpha.evaluation.methods implements each; docs/EVALUATION.md describes them)."""
 EvalMethod = Literal[EVAL_METHODS]
 
@@ -445,10 +447,12 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Read a YAML config (or the defaults when path is None) and apply `key=value` overrides."""
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                base: dict[str, Any] | None = None) -> RunConfig:
+    """Read a YAML config (or `base`, a config dump, or the defaults when path is None) and apply `key=value`
+    overrides."""
     source = str(path) if path else "defaults"
-    tree: dict[str, Any] = {}
+    tree: dict[str, Any] = dict(base or {})
     if path is not None:
         try:
             loaded = yaml.safe_load(Path(path).read_text())

@@ -129,11 +129,16 @@ class MemoryWriter:
         config = config or RunConfig()
         if base_model is not None:
             config = config.model_copy(update={"model": config.model.model_copy(update={"policy": str(base_model)})})
-        check_engine(config.rollout, config.model.policy)  # rollout.engine=vllm writes on its server
         self.config = config
         self.adapter = Path(adapter)
         self.chunk_tokens = writer_chunk_tokens(adapter)
-        self.policy = load_policy(config.model, adapter=self.adapter, trainable=False, seed=config.grpo.seed)
+        if config.rollout.engine == "llamacpp":  # the writer's export on its llama.cpp server
+            from memalpha.models.llamacpp import served_policy
+
+            self.policy = served_policy(config.model, config.memory.schema(), self.adapter)
+        else:
+            check_engine(config.rollout, config.model.policy)  # rollout.engine=vllm writes on its server
+            self.policy = load_policy(config.model, adapter=self.adapter, trainable=False, seed=config.grpo.seed)
         self.counter = TokenCounts(self.policy.tokenizer)
         self._reader = None
 
@@ -165,13 +170,21 @@ class MemoryWriter:
         return out
 
     def answer(self, conv_id: str, store, questions: list[str]) -> list[str]:
-        """The local reader's answers to `questions` from the memory, read through retrieval."""
+        """The reader's answers to `questions` from the memory, read through retrieval: a packaged LLM reader
+        when model.reader names one, else the writer's frozen base model (the local reader)."""
         from memalpha.memory.views import reader_view
-        from memalpha.models.readers import LocalModelReader, ReaderItem
+        from memalpha.models.loading import LLM_MODELS
+        from memalpha.models.readers import LocalModelReader, ReaderItem, make_reader
         from memalpha.retrieval import MemoryIndex
 
         if self._reader is None:
-            self._reader = LocalModelReader(self.policy, self.config.model.reader_max_new_tokens)
+            if self.config.model.reader in LLM_MODELS:
+                self._reader = make_reader(self.config.model)
+            elif self.config.rollout.engine == "llamacpp":
+                raise UserError("questions to a writer on llama.cpp are answered by an LLM reader: set model.reader="
+                                "qwen2.5-coder-1.5b (or -0.5b) and start its server")
+            else:
+                self._reader = LocalModelReader(self.policy, self.config.model.reader_max_new_tokens)
         index = MemoryIndex(store, self.config.retrieval)
         items = [ReaderItem(reader_view(store, q, search=index.search, budget_tokens=self.config.memory.reader_view_tokens,
                                         top_k=self.config.retrieval.top_k), Question(f"{conv_id}-q{i}", q, [], "single_hop"))

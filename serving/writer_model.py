@@ -5,7 +5,8 @@ record) and `config` (the run's RunConfig as JSON: memory, retrieval and rollout
 of conversations, each `{"turns": [{"speaker", "text", "date"?}], "questions"?: [...], "id"?}`,
 `{"chunks": [...]}` or `{"text": "..."}`. Output: one memory per conversation, `{"id", "core", "semantic",
 "episodic", "chunks"}`, with `answers` where questions were given. Bad input is an MlflowException with
-INVALID_PARAMETER_VALUE, which the scoring server answers with HTTP 400 and the message.
+INVALID_PARAMETER_VALUE, which the scoring server answers with HTTP 400 and the message alone, at most
+MAX_ERROR_CHARS (`short_scoring_errors`: MLflow's server would echo the whole request).
 
 One policy writes for every request: requests that arrive while it is busy wait and are then written
 together, all their conversations in one batched writer call per chunk position (`RequestBatcher`).
@@ -13,7 +14,10 @@ together, all their conversations in one batched writer call per chunk position 
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
+import re
 import threading
 from concurrent.futures import Future
 from typing import Any, Callable
@@ -25,6 +29,46 @@ from mlflow.pyfunc import PythonModel
 
 MAX_REQUEST_CHARS = 2_000_000
 """Most characters of conversation one request may carry (about 500K tokens, a Mem-alpha evaluation instance)."""
+MAX_ERROR_CHARS = 1000
+"""Most characters of an error message the server answers with."""
+
+_logger = logging.getLogger(__name__)
+_LONG_QUOTED = re.compile("'[^']{100,}'|\"[^\"]{100,}\"")
+
+
+def _short(message: str) -> str:
+    message = message.split("\nInput: ", 1)[0]  # MLflow's JSON parse error appends the whole body after this
+    if len(message) > MAX_ERROR_CHARS:  # MLflow's type-hint and UTF-8 errors quote the input: elide long literals
+        message = _LONG_QUOTED.sub(lambda m: f"{m[0][0]}...{m[0][0]}", message)
+    if len(message) > MAX_ERROR_CHARS:
+        message = f"{message[:MAX_ERROR_CHARS]}... ({len(message) - MAX_ERROR_CHARS:,} characters cut)"
+    return message
+
+
+def short_scoring_errors() -> None:
+    """Make MLflow's scoring server answer an error with its message alone. MLflow 3.17's `invocations` puts
+    the whole request in it (`Failed to predict data '<input>'` around any MlflowException of predict, `Input:
+    <body>` after a JSON parse error) and a traceback beside it; `mlflow models serve` has no hook for its app,
+    and `invocations` is looked up per request, so the model wraps it when it is loaded."""
+    from mlflow.pyfunc import scoring_server
+
+    if getattr(scoring_server.invocations, "short_errors", False):
+        return
+    invocations = scoring_server.invocations
+
+    @functools.wraps(invocations)
+    def wrapper(*args, **kwargs):
+        try:
+            return invocations(*args, **kwargs)
+        except MlflowException as exc:
+            exc.message = _short(str(exc))  # str(): the message as raised, before the server prefixed the input
+            trace = exc.json_kwargs.pop("stack_trace", None)
+            if trace:  # an unexpected error: its traceback goes to the log, lines cut short, not to the client
+                _logger.error("predict failed:\n%s", "\n".join(line[:200] for line in trace.splitlines()[-60:]))
+            raise
+
+    wrapper.short_errors = True
+    scoring_server.invocations = wrapper
 
 
 def _conversations(model_input: Any) -> list[dict]:
@@ -91,6 +135,7 @@ class MemoryWriterModel(PythonModel):
         config = RunConfig.model_validate(json.loads(open(context.artifacts["config"]).read()))
         self.writer = MemoryWriter(context.artifacts["adapter"], config, base_model=context.artifacts.get("base_model"))
         self.batcher = RequestBatcher(self.writer.write)
+        short_scoring_errors()  # the scoring server loads the model before it serves
 
     def predict(self, context, model_input: list[dict[str, Any]], params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         from memalpha.writer import WriteInputError, parse_conversation
@@ -103,7 +148,7 @@ class MemoryWriterModel(PythonModel):
         try:
             conversations = [parse_conversation(_clean(item), f"inputs[{i}]") for i, item in enumerate(items)]
         except WriteInputError as exc:
-            raise MlflowException(str(exc), INVALID_PARAMETER_VALUE) from None
+            raise MlflowException(_short(str(exc)), INVALID_PARAMETER_VALUE) from None
         return self.batcher(conversations)
 
 

@@ -73,6 +73,58 @@ def test_pyfunc_writes_a_memory_and_answers_and_names_bad_fields(registered):
     assert record["chunk_tokens"] == 512 and record["max_prompt_tokens"] == 1024
 
 
+MARKER = "PRIVATE-7f3a"
+"""Stands for user data in the bad requests: it must come back in no response and go into no log."""
+
+
+def _big_bad_requests() -> list[tuple[bytes, str]]:
+    """Bad request bodies of about 3 MB (one of 2 MB, to reach the field check under the size limit), each with
+    the message its answer must carry: rejected by the pyfunc, by MLflow's type-hint check, by the JSON parser."""
+    pad = MARKER * (3_000_000 // len(MARKER))
+    return [(body if isinstance(body, bytes) else body.encode(), message) for body, message in [
+        (json.dumps({"inputs": [{"turns": [{"speaker": "Maya", "text": pad[:1_900_000]}, {"speaker": "Maya"}]}]}),
+         "inputs[0].turns[1]: missing field 'text'"),
+        (json.dumps({"inputs": [{"turns": [{"speaker": "Maya", "text": pad}, {"speaker": "Maya"}]}]}),
+         "more than the 2,000,000"),
+        (json.dumps({"inputs": [[pad]]}), "Failed to validate data against type hint"),
+        ('{"inputs": [{"text": "' + pad, "valid JSON"),
+        (b"\xff" + pad.encode(), "UnicodeDecodeError"),  # not UTF-8
+    ]]
+
+
+def test_a_bad_request_of_3_mb_is_answered_with_the_message_alone_and_no_body_is_logged(registered, caplog, capfd,
+                                                                                       monkeypatch):
+    import logging
+
+    import mlflow
+    from fastapi.testclient import TestClient
+    from mlflow.pyfunc import scoring_server
+
+    uri, _ = registered
+    mlflow.set_tracking_uri(uri)
+    monkeypatch.setenv("_MLFLOW_IS_IN_SERVING_ENVIRONMENT", "false")  # init() sets it: undone after the test
+    model = mlflow.pyfunc.load_model("models:/writer@champion")
+    app = scoring_server.init(model)  # the app `mlflow models serve` runs
+    caplog.set_level(logging.DEBUG)
+    with TestClient(app) as client:
+        for body, message in _big_bad_requests():
+            response = client.post("/invocations", content=body, headers={"Content-Type": "application/json"})
+            assert 400 <= response.status_code < 500, (response.status_code, response.text[:500])
+            assert len(response.content) <= 2048 and MARKER not in response.text, response.text[:500]
+            assert message in response.json()["message"], response.text
+        out, err = capfd.readouterr()
+        assert MARKER not in caplog.text + out + err
+
+        def broken_writer(conversations):
+            raise RuntimeError("the writer broke")
+
+        # an unexpected error: its traceback goes to the log, not to the client
+        monkeypatch.setattr(model.unwrap_python_model(), "batcher", broken_writer)
+        response = client.post("/invocations", json={"inputs": [CONVERSATION]})
+        assert response.status_code == 400 and "stack_trace" not in response.json(), response.text[:500]
+        assert "RuntimeError: the writer broke" in caplog.text
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -116,7 +168,7 @@ def server(registered):
 
 
 @pytest.mark.slow
-def test_serving_answers_a_conversation_with_a_memory_and_refuses_bad_requests_without_dying(server):
+def test_serving_answers_a_conversation_with_a_memory_and_refuses_bad_requests_without_dying(server, registered):
     status, body = _post(server, json.dumps({"inputs": [CONVERSATION]}).encode())
     assert status == 200, body
     [memory] = json.loads(body)["predictions"]
@@ -128,11 +180,12 @@ def test_serving_answers_a_conversation_with_a_memory_and_refuses_bad_requests_w
         (json.dumps({"inputs": [{"text": "x" * 10_000_000}]}), "more than the 2,000,000"),
         ('{"inputs": [{"turns": ', "json"),
     ]
-    for body_text, message in bad_requests:
-        status, answer = _post(server, body_text.encode())
+    for body, message in [(text.encode(), message) for text, message in bad_requests] + _big_bad_requests():
+        status, answer = _post(server, body)
         assert 400 <= status < 500, (status, answer[:500])
-        assert message.lower() in answer.lower(), answer[:500]
+        assert message.lower() in answer.lower() and len(answer.encode()) <= 2048, answer[:500]
     assert _post(server, json.dumps({"inputs": [CONVERSATION]}).encode())[0] == 200  # still serving
+    assert MARKER not in (registered[1] / "serve.log").read_text()  # the server logged no request body
 
 
 @pytest.mark.slow

@@ -26,6 +26,9 @@ def register(subparsers) -> None:
     parser.add_argument("--out", default="memory.json", help="where the memories go (JSON; default memory.json)")
     parser.add_argument("--batch-size", type=int, help="conversations written together (default: eval.batch_size)")
     parser.add_argument("--config", help="YAML config file (default: the one logged with a registry model, else the recipe)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config field, e.g. rollout.engine=llamacpp (the writer's `memalpha export` on "
+                             "its llama.cpp server) or model.reader=qwen2.5-coder-1.5b")
     parser.set_defaults(handler=run)
 
 
@@ -39,7 +42,7 @@ def fetch_model(uri: str, dest: Path) -> Path:
 
 
 def run(args) -> int:
-    from memalpha.config import RunConfig, load_config
+    from memalpha.config import load_config
     from memalpha.evaluation.methods import model_artifacts, resolve_adapter
     from memalpha.progress import WriteProgress
     from memalpha.writer import MemoryWriter, read_conversations
@@ -48,12 +51,10 @@ def run(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = fetch_model(args.model, Path(tmp) / "model") if args.model.startswith(REGISTRY_SCHEMES) else Path(args.model)
         artifacts = model_artifacts(folder) if (folder / "MLmodel").is_file() else {}
-        if args.config:
-            config = load_config(args.config)
-        elif "config" in artifacts:
-            config = RunConfig.model_validate(json.loads(artifacts["config"].read_text()))
+        if args.config or "config" not in artifacts:
+            config = load_config(args.config, args.set)
         else:
-            config = load_config(None)
+            config = load_config(None, args.set, base=json.loads(artifacts["config"].read_text()))
         started = time.perf_counter()
         writer = MemoryWriter(resolve_adapter(folder), config, base_model=artifacts.get("base_model"))
         chunks = sum(len(writer.chunks(c)) for c in conversations)

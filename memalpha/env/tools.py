@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from memalpha.env.parsing import ParseResult, ToolCall, parse_tool_calls
+from memalpha.env.parsing import NOTHING_TO_STORE, ParseResult, ToolCall, parse_tool_calls
 from memalpha.memory.schema import MEMALPHA_SCHEMA, MemorySchema
 from memalpha.memory.store import FailureReason, MemoryStore, OpResult
 
@@ -27,6 +27,7 @@ __all__ = [
     "execute_calls",
     "execute_text",
     "text_argument",
+    "tool_call_grammar",
     "tool_schemas",
 ]
 
@@ -154,6 +155,44 @@ def tool_schemas(schema: MemorySchema = MEMALPHA_SCHEMA) -> list[dict[str, Any]]
 
 
 TOOL_SCHEMAS = tool_schemas(MEMALPHA_SCHEMA)
+
+MAX_CALLS_PER_CHUNK = 8
+"""Most calls a grammar-constrained writer may make for one chunk."""
+MAX_CONTENT_CHARS = 400
+"""Longest text one constrained call may write (a section's token cap still applies when it executes)."""
+
+
+def tool_call_grammar(schema: MemorySchema = MEMALPHA_SCHEMA, max_calls: int = MAX_CALLS_PER_CHUNK,
+                      max_chars: int = MAX_CONTENT_CHARS) -> str:
+    """A GBNF grammar (llama.cpp) of the writer prompt's format: NOTHING_TO_STORE, or 1..max_calls JSON
+    lines of valid calls on this schema's sections. A writer sampled under it cannot emit broken JSON,
+    call an unknown tool or section, or repeat calls past the cap."""
+    def lit(text: str) -> str:  # a GBNF string literal
+        return json.dumps(text)
+
+    def one_of(names) -> str:
+        return " | ".join(lit(json.dumps(n)) for n in names)
+
+    def head(tool: str) -> str:
+        return lit('{"name": "%s", "arguments": {"memory_type": ' % tool)
+
+    end, comma_id, comma_content, comma_new = lit("}}"), lit(', "memory_id": '), lit(', "content": '), lit(', "new_content": ')
+    update = f"list-type {comma_id} id {comma_new} text"
+    rules = [
+        f"root ::= {lit(NOTHING_TO_STORE)} | call ({lit(chr(10))} call){{0,{max_calls - 1}}}",
+        "call ::= insert | update | delete",
+        f"insert ::= {head('memory_insert')} list-type {comma_content} text {end}",
+        f"delete ::= {head('memory_delete')} list-type {comma_id} id {end}",
+        f"list-type ::= {one_of(s.name for s in schema.list_sections)}",
+        f"id ::= {lit(chr(34))} ({' | '.join(lit(s.prefix + '-') for s in schema.list_sections)}) [0-9]{{1,6}} {lit(chr(34))}",
+        f"text ::= {lit(chr(34))} char{{1,{max_chars}}} {lit(chr(34))}",
+        r'char ::= [^"\\\x00-\x1f] | "\\" ["\\/bfnrt]',
+    ]
+    if schema.paragraph_sections:
+        update += f" | paragraph-type {comma_new} text"
+        rules.append(f"paragraph-type ::= {one_of(s.name for s in schema.paragraph_sections)}")
+    rules.insert(3, f"update ::= {head('memory_update')} ({update}) {end}")
+    return "\n".join(rules) + "\n"
 """Tool definitions for the Mem-alpha layout."""
 
 

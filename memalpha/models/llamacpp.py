@@ -1,0 +1,247 @@
+"""llama.cpp as an engine: one `llama-server` per model on 127.0.0.1 (OpenAI-compatible, `--parallel` slots
+batched continuously), what it is started with, and its client.
+
+The binary is built once by `infra/llama_cpp.sh` (`make llm`) into <cache>/llama.cpp/<version>/;
+`infra/servers.sh start-llama NAME` starts a server with the command `server_command` prints
+(`python -m memalpha.models.llamacpp command NAME`), so the ports and flags live here only.
+
+Served models: the packaged LLMs (`LLM_MODELS`: readers and prompted writers), and a writer exported by
+`memalpha export` (its base GGUF plus a GGUF LoRA, served under the writer's name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from memalpha.errors import ServiceError, UserError
+from memalpha.models.loading import LLM_MODELS, cache_dir, llm_gguf, llm_tokenizer, load_tokenizer, resolve_model_path
+
+LLAMA_CPP_VERSION = "0.3.36"
+"""The llama-cpp-python release whose vendored llama.cpp `infra/llama_cpp.sh` builds."""
+PORTS = {"qwen2.5-coder-0.5b": 8200, "qwen2.5-coder-1.5b": 8201, "writer": 8202}
+"""Default port of each server; MEMALPHA_LLAMA_PORT_OFFSET shifts them all (tests, a second checkout)."""
+PARALLEL = 4
+"""Slots decoded together; measured here, 8 streams gave ~2x one stream's decode (docs/EVALUATION.md)."""
+SLOT_TOKENS = 2048
+"""Context of one slot: a reader's 1,024-token view or a writer's 1,024-token prompt plus its completion."""
+REQUEST_TIMEOUT_S = 900.0
+
+
+class LlamaServerError(ServiceError):
+    """A llama-server is down, died mid-run or refused a request: nothing of the batch was kept, and the
+    run resumes from its caches once the server is back (`bash infra/servers.sh start-llama NAME`)."""
+
+
+def server_binary() -> Path:
+    path = cache_dir() / "llama.cpp" / LLAMA_CPP_VERSION / "bin" / "llama-server"
+    if not path.is_file():
+        raise UserError(f"{path} is missing: build llama.cpp with `make llm` (bash infra/llama_cpp.sh, ~13 min once)")
+    return path
+
+
+def port(name: str) -> int:
+    if name not in PORTS:
+        raise UserError(f"no llama.cpp server named {name!r}; choose from {', '.join(PORTS)}")
+    return PORTS[name] + int(os.environ.get("MEMALPHA_LLAMA_PORT_OFFSET", "0"))
+
+
+def server_url(name: str) -> str:
+    """Base URL of the server of `name` (OpenAI routes under /v1, llama.cpp's own at the root)."""
+    return f"http://127.0.0.1:{port(name)}"
+
+
+def writer_dir() -> Path:
+    """Where `infra/servers.sh start-llama writer` finds the writer to serve: MEMALPHA_LLAMA_WRITER, else the
+    last `memalpha export` (<cache>/llama.cpp/writer)."""
+    return Path(os.environ.get("MEMALPHA_LLAMA_WRITER") or cache_dir() / "llama.cpp" / "writer")
+
+
+def server_command(name: str, threads: int | None = None) -> list[str]:
+    """argv of the llama-server of `name`: a packaged LLM, or `writer` (an exported base GGUF + LoRA)."""
+    if name == "writer":
+        manifest = writer_dir() / "export.json"
+        if not manifest.is_file():
+            raise UserError(f"{manifest} is missing: export a trained writer first (`memalpha export ADAPTER`)")
+        export = json.loads(manifest.read_text())
+        model, extra = Path(export["base_gguf"]), ["--lora", str(writer_dir() / export["lora_gguf"])]
+    else:
+        if name not in LLM_MODELS:
+            raise UserError(f"no llama.cpp server named {name!r}; choose from {', '.join(PORTS)}")
+        model, extra = llm_gguf(name), []
+    argv = [str(server_binary()), "--model", str(model), "--alias", name, "--host", "127.0.0.1",
+            "--port", str(port(name)), "--parallel", str(PARALLEL), "--ctx-size", str(PARALLEL * SLOT_TOKENS),
+            "--threads", str(threads or os.cpu_count() or 1), "--no-webui", "--metrics", *extra]
+    if os.environ.get("MEMALPHA_LLAMA_ARGS"):
+        argv += os.environ["MEMALPHA_LLAMA_ARGS"].split()
+    return argv
+
+
+def check_server(name: str, timeout: float = 5.0) -> None:
+    """Raise a UserError saying how to start it when the server of `name` does not answer /health."""
+    import httpx
+
+    url = server_url(name)
+    try:
+        response = httpx.get(f"{url}/health", timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise UserError(f"no llama.cpp server for {name!r} answers at {url} ({type(exc).__name__}); start it with "
+                        f"`bash infra/servers.sh start-llama {name}` (after `make llm`)") from None
+    if response.status_code != 200:
+        raise UserError(f"the llama.cpp server for {name!r} at {url} is not ready (HTTP {response.status_code}); "
+                        f"see infra/state/llama-{name}.log")
+
+
+class LlamaCppClient:
+    """llama.cpp's own `/completion` route: token-id prompts, a grammar, several completions of a prompt,
+    the sampled tokens and their log-probs. Requests go out concurrently so the server's slots batch them."""
+
+    def __init__(self, name: str, timeout: float = REQUEST_TIMEOUT_S, concurrency: int = 2 * PARALLEL):
+        import httpx
+
+        self.name = name
+        self.url = server_url(name)
+        self.http = httpx.Client(base_url=self.url, timeout=timeout)
+        self.concurrency = concurrency
+
+    def post(self, path: str, body: dict) -> dict:
+        import httpx
+
+        try:
+            response = self.http.post(path, json=body)
+        except httpx.HTTPError as exc:
+            raise LlamaServerError(f"llama.cpp server {self.name!r} at {self.url} did not answer {path} "
+                                   f"({type(exc).__name__}); restart it with `bash infra/servers.sh start-llama "
+                                   f"{self.name}` and run again: finished work is cached") from None
+        if response.status_code >= 400:
+            raise LlamaServerError(f"llama.cpp server {self.name!r} refused {path}: HTTP {response.status_code} "
+                                   f"{response.text[:300]}")
+        return response.json()
+
+    def complete(self, prompt: list[int] | str, *, max_tokens: int, temperature: float, top_p: float = 1.0,
+                 seed: int = 0, copies: int = 1, grammar: str | None = None, logprobs: bool = False) -> list[dict]:
+        """`copies` completions of one prompt: each {"tokens", "logps", "text", "stopped"}; a completion ends
+        at the model's end-of-generation tokens or the grammar's end. Greedy when temperature is 0."""
+        body = {"prompt": prompt, "n_predict": max_tokens, "temperature": temperature, "top_p": top_p,
+                "top_k": 0, "min_p": 0.0, "seed": seed, "cache_prompt": True, "return_tokens": True,
+                "samplers": ["top_k", "top_p", "min_p", "temperature"], "n_cmpl": copies}
+        if grammar:
+            body["grammar"] = grammar
+        if logprobs:
+            body["n_probs"], body["post_sampling_probs"] = 1, False
+        answer = self.post("/completion", body)
+        answers = answer if isinstance(answer, list) else [answer]
+        out = []
+        for a in answers:
+            tokens = [int(t) for t in a.get("tokens", [])]
+            logps = [float(p.get("logprob", 0.0)) for p in a.get("completion_probabilities", [])] if logprobs else []
+            out.append({"tokens": tokens, "logps": logps, "text": a.get("content", ""),
+                        "stopped": a.get("stop_type") in ("eos", "word")})
+        return out
+
+    def complete_many(self, jobs: list[dict]) -> list[list[dict]]:
+        """`complete(**job)` for each job, concurrently, in order."""
+        if not jobs:
+            return []
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(jobs))) as pool:
+            return list(pool.map(lambda job: self.complete(**job), jobs))
+
+
+EXPORT_MANIFEST = "export.json"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass
+class ServedPolicy:
+    """A writer that llama.cpp runs (`rollout.engine=llamacpp`): the tokenizer its prompts are rendered and
+    tokenised with, the server that samples, and the tool-call grammar every completion obeys."""
+
+    server: str
+    tokenizer: object
+    grammar: str
+    device: "torch.device" = field(default_factory=lambda: torch.device("cpu"))
+    count_tokens: object = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from memalpha.tokens import tokenizer_counter
+
+        self.count_tokens = tokenizer_counter(self.tokenizer)
+        self.client = LlamaCppClient(self.server)
+
+    def check(self) -> None:
+        check_server(self.server)
+
+
+def served_policy(model_cfg, schema, adapter: str | Path | None = None) -> ServedPolicy:
+    """The writer of `model.policy` (+ `adapter`) on llama.cpp: a packaged LLM untrained, or a trained adapter
+    served by the `writer` server, which must hold that adapter's export (checked by its sha256)."""
+    from memalpha.env.tools import tool_call_grammar
+
+    grammar = tool_call_grammar(schema)
+    if adapter is None:
+        if model_cfg.policy not in LLM_MODELS:
+            raise UserError(f"rollout.engine=llamacpp: model.policy={model_cfg.policy!r} has no llama.cpp server; use "
+                            f"{' or '.join(LLM_MODELS)}, or export a trained writer (`memalpha export`)")
+        policy = ServedPolicy(model_cfg.policy, llm_tokenizer(model_cfg.policy), grammar)
+    else:
+        manifest = writer_dir() / EXPORT_MANIFEST
+        wanted = file_sha256(Path(adapter) / "adapter_model.safetensors")
+        export = json.loads(manifest.read_text()) if manifest.is_file() else {}
+        if export.get("adapter_sha256") != wanted:
+            raise UserError(f"rollout.engine=llamacpp: {adapter} is not the writer exported in {writer_dir()}; run "
+                            f"`memalpha export {adapter}`, then `bash infra/servers.sh stop-llama writer; bash "
+                            "infra/servers.sh start-llama writer`")
+        policy = ServedPolicy("writer", load_tokenizer(resolve_model_path(export["policy"])), grammar)
+    policy.check()
+    return policy
+
+
+def wait_healthy(name: str, timeout: float) -> None:
+    """Poll /health until the server answers (for scripts that just started it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            check_server(name, timeout=2.0)
+            return
+        except UserError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="llama.cpp servers of memalpha (used by infra/servers.sh)")
+    parser.add_argument("what", choices=["command", "port", "names"])
+    parser.add_argument("name", nargs="?")
+    args = parser.parse_args(argv)
+    try:
+        if args.what == "names":
+            print("\n".join(PORTS))
+        elif args.what == "port":
+            print(port(args.name))
+        else:
+            print("\n".join(server_command(args.name)))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
