@@ -128,7 +128,7 @@ start_vllm() {
 }
 
 # llama.cpp servers (`make llm` builds them): command line and port come from memalpha.models.llamacpp
-llama_port() { (cd "$REPO" && "$PY" -m memalpha.models.llamacpp port "$1"); }
+llama_port() { (cd "$REPO" && "$PY" -c 'import sys; from memalpha.models.llamacpp import main; sys.exit(main(sys.argv[1:]))' port "$1"); }
 llama_healthy() { curl -fsS "http://127.0.0.1:$1/health"; }
 
 start_llama() {
@@ -137,7 +137,7 @@ start_llama() {
     if is_running "$service"; then echo "$service: already running (pid $(cat "$(pidfile "$service")"))"; return; fi
     if port_busy "$port"; then echo "$service: port $port is taken by another process" >&2; return 1; fi
     local argv
-    argv="$(cd "$REPO" && "$PY" -m memalpha.models.llamacpp command "$name")"
+    argv="$(cd "$REPO" && "$PY" -c 'import sys; from memalpha.models.llamacpp import main; sys.exit(main(sys.argv[1:]))' command "$name")"
     mapfile -t argv <<<"$argv"
     launch "$service" "${argv[@]}"
     START_TIMEOUT="${MEMALPHA_LLAMA_START_TIMEOUT:-180}" wait_healthy "$service" llama_healthy "$port"

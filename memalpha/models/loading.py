@@ -104,9 +104,11 @@ def llm_gguf(name: str) -> Path:
         return target
     parts = []
     for n, (module, requirement) in enumerate(zip(split.modules(), split.requirements()), 1):
-        part = _package_dir(module, "llm") / "data" / f"part{n:02d}.bin"
+        spec = importlib.util.find_spec(module)
+        part = Path(spec.submodule_search_locations[0] if spec and spec.submodule_search_locations else "/nonexistent")
+        part = part / "data" / f"part{n:02d}.bin"
         if not part.is_file():
-            raise ModelNotPreparedError(f"{part} is missing; reinstall {requirement} (`make llm`)")
+            raise ModelNotPreparedError(f"part {n} of {name} is missing: install {requirement} (`make llm`)")
         parts.append(part)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
