@@ -1,0 +1,169 @@
+"""The LLM-reader section of the report of record on real conversations (bench/results/real_llm.md): the
+7 LoCoMo test conversations of `bench_real`, read by a packaged LLM on llama.cpp instead of the 135M policy.
+
+A full LLM-reader pass costs too much here (1,078 questions x every method at ~5 s a 1,024-token question
+for the 0.5B, ~11 s for the 1.5B), so the questions are a fixed sample stratified by conversation and
+LoCoMo category: `PER_CELL` questions of every (conversation, category) cell, drawn with seed `SAMPLE_SEED`
+(a cell with fewer gives all). Every method builds from whole conversations as in `bench_real` (same build
+cache, so neither report writes a memory twice); only the answering is restricted to the sample.
+
+Methods: the writers that need no GRPO run of this report (the shipped 135M writer, its dialogue warm start,
+the rule writer), the prompted LLM writers (`llm_writer_0.5b`, `llm_writer_1.5b`, grammar-constrained on
+llama.cpp), BM25 RAG top-2, long context, no memory and the reader's ceiling `oracle_evidence`; qa
+(substring match) and LoCoMo's token F1 by category, memory tokens, minutes, and each method minus RAG
+paired by question with a 95% bootstrap interval. Resumable: each method's build and answers are cached,
+and the methods run in `METHODS` order, so a stopped run loses at most the method it was on.
+
+Needs the reader's llama.cpp server and, for the LLM writers, theirs (`bash infra/servers.sh start-llama
+NAME`; this benchmark starts and stops the ones it needs itself).
+
+    MEMALPHA_BENCH_REAL_ON_CPU=1 python -m bench.run_all real_llm
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from contextlib import ExitStack
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from bench import BenchmarkSkipped
+from bench.bench_real import (
+    DIALOGUE_WARM_START,
+    LOCOMO_CATEGORIES,
+    ON_CPU,
+    RUN_ROOT,
+    WRITER,
+    build,
+    data_key,
+    method_key,
+    paired_difference,
+    prepare_data,
+    seed_config,
+    summarize_rows,
+    test_sets,
+)
+
+READER = os.environ.get("MEMALPHA_BENCH_LLM_READER", "qwen2.5-coder-0.5b")
+PER_CELL = int(os.environ.get("MEMALPHA_BENCH_LLM_PER_CELL", "4"))
+SAMPLE_SEED = 0
+ADAPTERS = {"shipped_writer": WRITER, "warm_start_dialogue": DIALOGUE_WARM_START}
+METHODS = tuple(os.environ.get("MEMALPHA_BENCH_LLM_METHODS", "oracle_evidence no_memory rag long_context rule_writer "
+                               "shipped_writer warm_start_dialogue llm_writer_0.5b llm_writer_1.5b").split())
+LLM_WRITER_SERVERS = {"llm_writer_0.5b": "qwen2.5-coder-0.5b", "llm_writer_1.5b": "qwen2.5-coder-1.5b"}
+
+
+def sample(instances, per_cell: int = PER_CELL, seed: int = SAMPLE_SEED) -> set[tuple[str, str]]:
+    """(instance id, question id) of `per_cell` questions drawn from each (conversation, category) cell."""
+    rng = random.Random(seed)
+    chosen = set()
+    for inst in instances:
+        for category in LOCOMO_CATEGORIES:
+            cell = sorted(q.question_id for q in inst.questions if q.question_type == category)
+            chosen.update((inst.instance_id, qid) for qid in rng.sample(cell, min(per_cell, len(cell))))
+    return chosen
+
+
+def restricted(instances, built, keep: set[tuple[str, str]]):
+    """The instances and builds with only the kept questions (and their contexts)."""
+    from dataclasses import replace
+
+    out_instances, out_built = [], []
+    for inst, b in zip(instances, built):
+        pairs = [(q, c) for q, c in zip(inst.questions, b.contexts) if (inst.instance_id, q.question_id) in keep]
+        out_instances.append(replace(inst, questions=[q for q, _ in pairs]))
+        out_built.append(replace(b, contexts=[c for _, c in pairs]))
+    return out_instances, out_built
+
+
+def answered(config, instances, name: str, keep, folder: Path) -> Path:
+    """The sampled questions of one method answered by READER; the rows' cache file."""
+    from bench.run_all import write_atomically
+    from memalpha.data.chunking import TokenCounts
+    from memalpha.evaluation.answering import LazyReader, answer_built, policy_tokenizer
+    from memalpha.rewards.qa import token_f1
+
+    method, adapter = ("policy", ADAPTERS[name]) if name in ADAPTERS else (name, None)
+    path = folder / f"{READER}-sample{PER_CELL}s{SAMPLE_SEED}" / f"{method_key(method, adapter)}.json"
+    if path.is_file():
+        return path
+    print(f"{name}: building", flush=True)
+    built, build_s = build(config, instances, method, adapter, folder)
+    tokenizer, _ = policy_tokenizer(config)
+    input_tokens = [sum(TokenCounts(tokenizer).counts(i.chunks)) for i in instances]
+    some, some_built = restricted(instances, built, keep)
+    reader_config = config.model_copy(update={"model": config.model.model_copy(update={"reader": READER})})
+    started = time.perf_counter()
+    print(f"{name}: answering {len(keep)} sampled questions with {READER}", flush=True)
+    rows, instance_rows, _ = answer_built(method, some, 0, some_built, build_s, LazyReader(reader_config).get(),
+                                          reader_config, input_tokens, say=partial(print, flush=True))
+    golds = {(i.instance_id, q.question_id): q.answers for i in some for q in i.questions}
+    for row in rows:
+        row["f1"] = token_f1(row["prediction"], golds[(row["instance_id"], row["question_id"])])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, json.dumps({"rows": rows, "instances": instance_rows, "build_seconds": build_s,
+                                       "answer_seconds": time.perf_counter() - started}))
+    return path
+
+
+def run() -> dict[str, Any]:
+    import torch
+
+    from bench.llama_server import local_llama_server
+    from memalpha.models.llamacpp import check_server
+
+    if not torch.cuda.is_available() and not ON_CPU:
+        raise BenchmarkSkipped("hours on a CPU (two LLM writers over 7 whole LoCoMo conversations, every method read "
+                               "by an LLM); set MEMALPHA_BENCH_REAL_ON_CPU=1 to run it anyway")
+    started = time.perf_counter()
+    data = prepare_data()
+    config = seed_config(0, data)
+    instances = test_sets(data)["locomo"]
+    folder = RUN_ROOT / "memories" / f"locomo-{data_key(instances)}"
+    keep = sample(instances)
+    state = RUN_ROOT / "llama-state"
+    paths = {}
+    with ExitStack() as servers:
+        def serve(name: str) -> None:  # a server already up (ours or the user's) is used as it is
+            try:
+                check_server(name)
+            except Exception:
+                servers.enter_context(local_llama_server(state / name, name, offset=0))
+
+        serve(READER)
+        for name in METHODS:
+            if name in LLM_WRITER_SERVERS:
+                serve(LLM_WRITER_SERVERS[name])
+            paths[name] = answered(config, instances, name, keep, folder)
+    kept = {name: json.loads(path.read_text()) for name, path in paths.items()}
+    scores = {name: {(r["instance_id"], r["question_id"]): r["score"] for r in k["rows"]} for name, k in kept.items()}
+    methods = {name: summarize_rows(k) for name, k in kept.items()}
+    minus_rag = {name: paired_difference([scores[name]], scores["rag"]) for name in scores if name != "rag"} if "rag" in scores else {}
+    return {"reader": READER, "sample": {"per_cell": PER_CELL, "seed": SAMPLE_SEED, "questions": len(keep),
+                                         "of": sum(len(i.questions) for i in instances)},
+            "conversations": len(instances), "chunks": sum(len(i.chunks) for i in instances),
+            "methods": methods, "minus_rag": minus_rag, "minutes_this_run": round((time.perf_counter() - started) / 60, 1)}
+
+
+def to_markdown(results: dict[str, Any]) -> str:
+    s = results["sample"]
+    cats = [c for c in LOCOMO_CATEGORIES if any(c in m["by_category"] for m in results["methods"].values())]
+    lines = ["# Benchmark: real conversations, LLM reader", "",
+             f"Reader: `{results['reader']}` on llama.cpp, greedy. LoCoMo: the {results['conversations']} test conversations "
+             f"({results['chunks']} chunks of 512 tokens), written whole; {s['questions']} of their {s['of']} questions "
+             f"answered, {s['per_cell']} drawn from each (conversation, category) cell with seed {s['seed']}. BM25 top-20 "
+             "retrieval, 1,024-token reader budget. qa: substring match; f1: LoCoMo's token F1. "
+             f"{results['minutes_this_run']} min this run (cached builds and answers are read, not redone).", "",
+             "| method | qa | f1 | " + " | ".join(f"{c} qa" for c in cats) + " | memory tokens | minutes | minus RAG, 95% interval |",
+             "|---|---|---|" + "---|" * len(cats) + "---|---|---|"]
+    for name, m in results["methods"].items():
+        d = results["minus_rag"].get(name)
+        interval = f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]" if d else ""
+        lines.append(f"| {name} | {m['qa']:.3f} | {m['f1']:.3f} | "
+                     + "".join(f"{m['by_category'][c]['qa']:.3f} | " if c in m["by_category"] else "- | " for c in cats)
+                     + f"{m['memory_tokens']:.0f} | {m['minutes']} | {interval} |")
+    return "\n".join(lines) + "\n"
