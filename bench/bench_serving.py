@@ -1,5 +1,6 @@
 """Serving benchmark of record: the shipped writer registered as the memory-writer pyfunc and served by the
-real `mlflow models serve` process on 127.0.0.1 (hf engine, the recipe's config).
+real `mlflow models serve` process on 127.0.0.1 (the recipe's config), writing on the hf engine and on llama.cpp
+(its GGUF export on a llama-server, where `make llm` built one).
 
 - latency of one request, p50/p95 over `REPEATS` requests: 10 turns, and a whole LoCoMo session;
 - throughput: `CLIENTS` concurrent clients, `PER_CLIENT` requests each (10 turns), requests/s, errors;
@@ -117,70 +118,95 @@ def side_by_side(turns: list[dict[str, str]]) -> dict[str, Any]:
             "speedup": round(per_turn_s / packed_s, 2)}
 
 
+def measure(uri: str, tmp: Path, turns: list[dict[str, str]], engine: str) -> dict[str, Any]:
+    """Latency and throughput of the registered writer behind `mlflow models serve`, writing on `engine`."""
+    results: dict[str, Any] = {}
+    port = _free_port()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT": "1800",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "MEMALPHA_WRITER_ENGINE": engine}
+    log = open(tmp / f"serve-{engine}.log", "w")
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/writer@champion",
+                             "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port), "--workers", "1"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.perf_counter() - started > 600:
+                    raise RuntimeError("mlflow models serve did not start: " + (tmp / f"serve-{engine}.log").read_text()[-2000:])
+                time.sleep(1)
+        results["server_start_s"] = round(time.perf_counter() - started, 1)
+        ten = {"inputs": [{"id": "ten", "turns": turns[:10]}]}
+        whole = {"inputs": [{"id": "session", "turns": turns}]}
+        for name, payload in (("ten_turns", ten), ("session", whole)):
+            answered = [_post(port, payload) for _ in range(REPEATS)]
+            results[f"latency_{name}"] = {**_percentiles([s for _, s in answered]),
+                                          "errors": sum(code != 200 for code, _ in answered)}
+            print(f"{engine} latency {name}: {results[f'latency_{name}']}", flush=True)
+        began = time.perf_counter()
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            answered = [r for rs in pool.map(lambda k: [_post(port, ten) for _ in range(PER_CLIENT)], range(CLIENTS)) for r in rs]
+        wall = time.perf_counter() - began
+        results["throughput"] = {"requests": len(answered), "seconds": round(wall, 1),
+                                 "requests_per_s": round(len(answered) / wall, 3),
+                                 "errors": sum(code != 200 for code, _ in answered),
+                                 **{f"latency_{k}": v for k, v in _percentiles([s for _, s in answered]).items() if k != "n"}}
+        print(f"{engine} throughput: {results['throughput']}", flush=True)
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=60)
+    return results
+
+
 def run() -> dict[str, Any]:
+    from bench.llama_server import installed, local_llama_server
+    from memalpha.commands.export import export
+    from memalpha.teacher.record import WRITER
+
     turns, source = session_turns()
-    results: dict[str, Any] = {"input": source, "session_turns": len(turns), "engine": "hf", "clients": CLIENTS,
+    results: dict[str, Any] = {"input": source, "session_turns": len(turns), "clients": CLIENTS,
                                "requests_per_client": PER_CLIENT}
     results["writing_side_by_side"] = side_by_side(turns)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         uri = register(tmp)
-        port = _free_port()
-        env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT": "1800",
-               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-        log = open(tmp / "serve.log", "w")
-        started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/writer@champion",
-                                 "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port), "--workers", "1"],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2):
-                        break
-                except OSError:
-                    if proc.poll() is not None or time.perf_counter() - started > 600:
-                        raise RuntimeError("mlflow models serve did not start: " + (tmp / "serve.log").read_text()[-2000:])
-                    time.sleep(1)
-            results["server_start_s"] = round(time.perf_counter() - started, 1)
-            ten = {"inputs": [{"id": "ten", "turns": turns[:10]}]}
-            whole = {"inputs": [{"id": "session", "turns": turns}]}
-            for name, payload in (("ten_turns", ten), ("session", whole)):
-                answered = [_post(port, payload) for _ in range(REPEATS)]
-                results[f"latency_{name}"] = {**_percentiles([s for _, s in answered]),
-                                              "errors": sum(code != 200 for code, _ in answered)}
-                print(f"latency {name}: {results[f'latency_{name}']}", flush=True)
-            began = time.perf_counter()
-            with ThreadPoolExecutor(CLIENTS) as pool:
-                answered = [r for rs in pool.map(lambda k: [_post(port, ten) for _ in range(PER_CLIENT)], range(CLIENTS)) for r in rs]
-            wall = time.perf_counter() - began
-            results["throughput"] = {"requests": len(answered), "seconds": round(wall, 1),
-                                     "requests_per_s": round(len(answered) / wall, 3),
-                                     "errors": sum(code != 200 for code, _ in answered),
-                                     **{f"latency_{k}": v for k, v in _percentiles([s for _, s in answered]).items() if k != "n"}}
-            print(f"throughput: {results['throughput']}", flush=True)
-        finally:
-            os.killpg(proc.pid, 15)
-            proc.wait(timeout=60)
+        results["engines"] = {"hf": measure(uri, tmp, turns, "hf")}
+        if installed():  # the same writer exported to GGUF, on a llama.cpp server (`make llm`)
+            exported = export(Path(WRITER), tmp / "export", "smollm2-135m-instruct")
+            os.environ["MEMALPHA_LLAMA_WRITER"] = str(tmp / "export")
+            try:
+                with local_llama_server(tmp / "llama", "writer"):
+                    results["engines"]["llamacpp"] = {**measure(uri, tmp, turns, "llamacpp"), "export_s": exported["seconds"]}
+            finally:
+                del os.environ["MEMALPHA_LLAMA_WRITER"]
     return results
 
 
 def to_markdown(r: dict[str, Any]) -> str:
     s = r["writing_side_by_side"]
     lines = ["# Benchmark: serving the memory writer", "",
-             f"The shipped writer (adapters/writer) as the memory-writer pyfunc behind `mlflow models serve --env-manager local` "
-             f"on 127.0.0.1, hf engine, greedy. Input: {r['input']} ({r['session_turns']} turns). Server start "
-             f"{r['server_start_s']} s.", "",
-             "| request | p50 s | p95 s | requests | errors |", "|---|---|---|---|---|"]
-    for name in ("ten_turns", "session"):
-        m = r[f"latency_{name}"]
-        lines.append(f"| {name.replace('_', ' ')} (alone) | {m['p50_s']} | {m['p95_s']} | {m['n']} | {m['errors']} |")
-    t = r["throughput"]
-    lines += [f"| ten turns, {r['clients']} concurrent clients x {r['requests_per_client']} | {t['latency_p50_s']} | "
-              f"{t['latency_p95_s']} | {t['requests']} | {t['errors']} |", "",
-              f"Throughput with {r['clients']} concurrent clients: {t['requests_per_s']} requests/s "
-              f"({t['requests']} requests in {t['seconds']} s; concurrent requests are written together).", "",
-              "## Writing one session, side by side (one process, one loaded policy)", "",
+             "The shipped writer (adapters/writer) as the memory-writer pyfunc behind `mlflow models serve --env-manager local` "
+             "on 127.0.0.1, greedy, on two engines: `hf` (the policy in the server's process) and `llamacpp` (its GGUF "
+             "export, `memalpha export`, on a llama-server with 4 slots; `make serve ENGINE=llamacpp`). "
+             f"Input: {r['input']} ({r['session_turns']} turns).", "",
+             "| engine | request | p50 s | p95 s | requests | errors |", "|---|---|---|---|---|---|"]
+    for engine, e in r["engines"].items():
+        for name in ("ten_turns", "session"):
+            m = e[f"latency_{name}"]
+            lines.append(f"| {engine} | {name.replace('_', ' ')} (alone) | {m['p50_s']} | {m['p95_s']} | {m['n']} | {m['errors']} |")
+        t = e["throughput"]
+        lines.append(f"| {engine} | ten turns, {r['clients']} concurrent clients x {r['requests_per_client']} | {t['latency_p50_s']} | "
+                     f"{t['latency_p95_s']} | {t['requests']} | {t['errors']} |")
+    lines.append("")
+    for engine, e in r["engines"].items():
+        t = e["throughput"]
+        lines.append(f"- {engine}: server start {e['server_start_s']} s; {r['clients']} concurrent clients: {t['requests_per_s']} "
+                     f"requests/s ({t['requests']} requests in {t['seconds']} s; concurrent requests are written together).")
+    lines += ["", "## Writing one session, side by side (hf, one process, one loaded policy)", "",
               "| how | writer calls | seconds | entries |", "|---|---|---|---|",
               f"| one chunk per turn (today's `write_memory` called with the turns) | {s['one_chunk_per_turn']['writer_calls']} | "
               f"{s['one_chunk_per_turn']['seconds']} | {s['one_chunk_per_turn']['entries']} |",

@@ -152,11 +152,21 @@ start_serve() {
     if is_running serve; then echo "serve: already running (pid $(cat "$(pidfile serve)"))"; return; fi
     if ! mlflow_healthy >/dev/null 2>&1; then echo "serve: the MLflow server is not up; run \`make up\` first" >&2; return 1; fi
     if port_busy "$SERVE_PORT"; then echo "serve: port $SERVE_PORT is taken by another process" >&2; return 1; fi
+    if [[ "${MEMALPHA_SERVE_ENGINE:-hf}" == llamacpp ]]; then
+        # the model's adapter exported to GGUF and served by llama.cpp; the pyfunc writes through it
+        rm -rf "$STATE/serve-model"
+        MLFLOW_TRACKING_URI="http://127.0.0.1:$MLFLOW_PORT" "$REPO/.venv/bin/mlflow" artifacts download \
+            -u "$SERVE_MODEL" -d "$STATE/serve-model" >/dev/null
+        (cd "$REPO" && "$REPO/.venv/bin/memalpha" export "$STATE/serve-model")
+        stop_one llama-writer >/dev/null
+        start_llama writer
+    fi
     # --env-manager local: the project's environment already holds everything the model needs
     # the scoring server execs `uvicorn` from PATH
     # a request writes every chunk of its conversations: MLflow's 60 s default would cut long ones
     launch serve env MLFLOW_TRACKING_URI="http://127.0.0.1:$MLFLOW_PORT" PATH="$REPO/.venv/bin:$PATH" \
         MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT="${MEMALPHA_SERVE_TIMEOUT:-1800}" \
+        MEMALPHA_WRITER_ENGINE="${MEMALPHA_SERVE_ENGINE:-}" \
         "$REPO/.venv/bin/mlflow" models serve \
         -m "$SERVE_MODEL" --env-manager local -h 127.0.0.1 -p "$SERVE_PORT" --workers 1
     START_TIMEOUT="${MEMALPHA_SERVE_START_TIMEOUT:-300}" wait_healthy serve serve_healthy

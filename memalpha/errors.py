@@ -8,3 +8,8 @@ class UserError(Exception):
 class ServiceError(Exception):
     """A server the run depends on (the vLLM rollout server) died or timed out mid-step: nothing of the step
     was logged, and the run resumes from its last checkpoint once the server is back."""
+
+
+class NoTrainingStep(UserError):
+    """The time budget was spent before the first GRPO step: the run trained nothing, and says so (a retry
+    cannot help: the budget counts from the run's start)."""

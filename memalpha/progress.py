@@ -1,9 +1,11 @@
 """One progress line per step, for people watching a run: step k/N, what was measured, seconds per step
-and ETA; and, for writing memories, chunks written of the total with rate and ETA (`WriteProgress`). The same lines go to the terminal (`memalpha train|sft`) and to the Prefect flow-run logs
-(the tasks pass their logger's `info` as `emit`).
+and ETA; for writing memories, chunks written of the total with rate and ETA (`WriteProgress`); inside a
+GRPO step that runs long, a line at least every 30 s (`StepProgress`). The same lines go to the terminal
+(`memalpha train|sft`) and to the Prefect flow-run logs (the tasks pass their logger's `info` as `emit`).
 
     warm start step 4/16 | loss 0.8123 | 41.2 s/step | ETA 8m 14s
-    grpo step 3/5 | reward 0.412 (r1 0.10 r2 0.80 r3 0.95 r4 0.70 coverage 0.30) | held-out QA 0.125 | 38.0 s/step | ETA 1m 16s
+    grpo step 3/5: rollouts 40/64 chunks, 30s so far
+    grpo step 3/5 | reward 1.412 (coverage 0.30 retention 0.95 gated r2 0.24 gated r4 0.21) | trajectory QA 0.250 | held-out QA 0.125 | 38.0 s/step | ETA 1m 16s
 """
 
 from __future__ import annotations
@@ -55,13 +57,22 @@ class StepMeter:
         return f"{per_step:.1f} s/step | ETA {duration(per_step * left)}"
 
 
-def grpo_line(step: int, total: int, metrics: dict[str, float], meter: StepMeter,
-              warm_start_qa: float | None = None, deadline: float | None = None) -> str:
-    """The line of one GRPO step: reward and its parts, and the held-out QA when it was evaluated (beside
-    the warm start's, when known)."""
-    parts = " ".join(f"{name} {metrics[f'rewards/{name}/mean']:.2f}" for name in REWARD_COMPONENTS
-                     if f"rewards/{name}/mean" in metrics)
+STEP_TERMS = {"coverage": "coverage", "retention": "retention", "r2_gated": "gated r2", "r4_gated": "gated r4"}
+"""What step-level sampling's reward is made of (`rubric.score_step`: r1 and r3 need the final memory, so they
+are 0 there), as `rewards/<key>/mean` keys and their labels."""
+
+
+def grpo_line(step: int, total: int, metrics: dict[str, float], meter: StepMeter, warm_start_qa: float | None = None,
+              deadline: float | None = None, sampling: str = "step") -> str:
+    """The line of one GRPO step: the reward and the parts it is made of under `sampling` (`grpo.sampling`),
+    under step-level sampling the QA of the trajectory the step advanced along (not part of its reward), and
+    the held-out QA when it was evaluated (beside the warm start's, when known)."""
+    terms = STEP_TERMS if sampling == "step" else {name: name for name in REWARD_COMPONENTS}
+    parts = " ".join(f"{label} {metrics[f'rewards/{key}/mean']:.2f}" for key, label in terms.items()
+                     if f"rewards/{key}/mean" in metrics)
     line = f"grpo step {step}/{total} | reward {metrics.get('reward', float('nan')):.3f} ({parts})"
+    if sampling == "step" and "qa_score" in metrics:
+        line += f" | trajectory QA {metrics['qa_score']:.3f}"
     if "eval/qa_score" in metrics:
         line += f" | held-out QA {metrics['eval/qa_score']:.3f}"
         if warm_start_qa is not None:
@@ -72,14 +83,16 @@ def grpo_line(step: int, total: int, metrics: dict[str, float], meter: StepMeter
 class GRPOProgress:
     """`Trainer.train` callback: one `grpo_line` per step, through `emit`."""
 
-    def __init__(self, total: int, done: int = 0, emit: Emit = print, deadline: float | None = None):
-        self.total, self.emit, self.deadline = total, emit, deadline
+    def __init__(self, total: int, done: int = 0, emit: Emit = print, deadline: float | None = None,
+                 sampling: str = "step"):
+        self.total, self.emit, self.deadline, self.sampling = total, emit, deadline, sampling
         self.meter = StepMeter(total, done)
         self.warm_start_qa: float | None = None
 
     def __call__(self, result) -> None:
         self.warm_start_qa = result.metrics.get("warm_start/eval/qa_score", self.warm_start_qa)
-        self.emit(grpo_line(result.step, self.total, result.metrics, self.meter, self.warm_start_qa, self.deadline))
+        self.emit(grpo_line(result.step, self.total, result.metrics, self.meter, self.warm_start_qa, self.deadline,
+                            self.sampling))
 
 
 class SFTProgress:
@@ -144,7 +157,38 @@ class WriteProgress:
         while not self._stop.wait(self.heartbeat / 3):
             with self._lock:
                 now = time.perf_counter()
-                if now - self.last >= self.heartbeat and self.done < self.total:
+                if now - self.last >= self.heartbeat and (line := self._waiting(now)):
                     self.last = now
-                    self.emit(f"{self.label}: {self.done}/{self.total} chunks | writing the next ones, "
-                              f"{duration(now - self.started)} so far")
+                    self.emit(line)
+
+    def _waiting(self, now: float) -> str | None:
+        """The heartbeat's line (None: nothing is waited for)."""
+        if self.done >= self.total:
+            return None
+        return f"{self.label}: {self.done}/{self.total} chunks | writing the next ones, {duration(now - self.started)} so far"
+
+
+class StepProgress(WriteProgress):
+    """Inside one GRPO step (a context manager around its rollouts and update): quiet while the step is short,
+    then a line every `heartbeat` seconds: rollout chunks written of the step's total, then scoring, then the
+    update. Called with the chunks each batched writer call wrote; `updating()` when the update starts."""
+
+    def __init__(self, step: int, total_steps: int, total_chunks: int, emit: Emit, heartbeat: float = 30.0):
+        super().__init__(total_chunks, emit, label=f"grpo step {step}/{total_steps}", heartbeat=heartbeat)
+        self.updating_since: float | None = None
+
+    def __call__(self, chunks: int) -> None:
+        with self._lock:  # counted only: the heartbeat says where the step is
+            self.done += chunks
+
+    def updating(self) -> None:
+        with self._lock:
+            self.updating_since = time.perf_counter()
+
+    def _waiting(self, now: float) -> str:
+        so_far = duration(now - self.started)
+        if self.updating_since is not None:
+            return f"{self.label}: rollouts done in {duration(self.updating_since - self.started)}, updating, {so_far} so far"
+        if self.done >= self.total:
+            return f"{self.label}: rollouts {self.done}/{self.total} chunks, scoring them, {so_far} so far"
+        return f"{self.label}: rollouts {self.done}/{self.total} chunks, {so_far} so far"

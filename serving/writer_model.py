@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import re
 import threading
 from concurrent.futures import Future
@@ -29,6 +30,8 @@ from mlflow.pyfunc import PythonModel
 
 MAX_REQUEST_CHARS = 2_000_000
 """Most characters of conversation one request may carry (about 500K tokens, a Mem-alpha evaluation instance)."""
+ENGINE_ENV = "MEMALPHA_WRITER_ENGINE"
+"""Overrides the logged config's rollout.engine where the model is served (`llamacpp`: infra/servers.sh start-serve)."""
 MAX_ERROR_CHARS = 1000
 """Most characters of an error message the server answers with."""
 
@@ -133,6 +136,8 @@ class MemoryWriterModel(PythonModel):
         from memalpha.writer import MemoryWriter
 
         config = RunConfig.model_validate(json.loads(open(context.artifacts["config"]).read()))
+        if os.environ.get(ENGINE_ENV):  # `make serve ENGINE=llamacpp`: the adapter's export on its llama.cpp server
+            config = config.model_copy(update={"rollout": config.rollout.model_copy(update={"engine": os.environ[ENGINE_ENV]})})
         self.writer = MemoryWriter(context.artifacts["adapter"], config, base_model=context.artifacts.get("base_model"))
         self.batcher = RequestBatcher(self.writer.write)
         short_scoring_errors()  # the scoring server loads the model before it serves

@@ -128,12 +128,13 @@ class LlamaCppClient:
         return response.json()
 
     def complete(self, prompt: list[int] | str, *, max_tokens: int, temperature: float, top_p: float = 1.0,
-                 seed: int = 0, copies: int = 1, grammar: str | None = None, logprobs: bool = False) -> list[dict]:
+                 seed: int = 0, copies: int = 1, grammar: str | None = None, logprobs: bool = False,
+                 ignore_eos: bool = False) -> list[dict]:
         """`copies` completions of one prompt: each {"tokens", "logps", "text", "stopped"}; a completion ends
         at the model's end-of-generation tokens or the grammar's end. Greedy when temperature is 0."""
         body = {"prompt": prompt, "n_predict": max_tokens, "temperature": temperature, "top_p": top_p,
                 "top_k": 0, "min_p": 0.0, "seed": seed, "cache_prompt": True, "return_tokens": True,
-                "samplers": ["top_k", "top_p", "min_p", "temperature"], "n_cmpl": copies}
+                "samplers": ["top_k", "top_p", "min_p", "temperature"], "n_cmpl": copies, "ignore_eos": ignore_eos}
         if grammar:
             body["grammar"] = grammar
         if logprobs:

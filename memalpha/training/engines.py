@@ -71,7 +71,8 @@ def sample(policy, prompts: list[list[int]], rcfg: RolloutConfig, *, copies: int
     eos_ids = eos_token_ids if eos_token_ids is not None else (
         [tokenizer.eos_token_id] + ([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else []))
     if rcfg.engine == "llamacpp":
-        return llamacpp_generate(served(policy), prompts, rcfg, copies=copies, greedy=greedy, generator=generator)
+        return llamacpp_generate(served(policy), prompts, rcfg, copies=copies, greedy=greedy, generator=generator,
+                                 to_cap=eos_token_ids == [])
     if rcfg.engine == "vllm":
         return vllm_client(rcfg).generate(prompts, copies=copies, max_new_tokens=rcfg.max_completion_length,
                                           eos_token_ids=eos_ids, temperature=rcfg.temperature, top_p=rcfg.top_p,
@@ -108,14 +109,15 @@ def _seeds(count: int, greedy: bool, generator: torch.Generator | None) -> list[
 
 
 def llamacpp_generate(policy, prompts: list[list[int]], rcfg: RolloutConfig, *, copies: int, greedy: bool,
-                      generator: torch.Generator | None) -> Generation:
-    """One grammar-constrained request per prompt with `copies` completions; rows as the hf engine's."""
+                      generator: torch.Generator | None, to_cap: bool = False) -> Generation:
+    """One grammar-constrained request per prompt with `copies` completions; rows as the hf engine's.
+    `to_cap`: no grammar and no end token, every row runs to the cap (benchmarks)."""
     if not prompts:
         return Generation([], [], [])
     start = time.perf_counter()
     jobs = [{"prompt": prompt, "max_tokens": rcfg.max_completion_length, "temperature": 0.0 if greedy else rcfg.temperature,
              "top_p": 1.0 if greedy else rcfg.top_p, "seed": int(seed), "copies": 1 if greedy else copies,
-             "grammar": policy.grammar, "logprobs": True} for prompt, seed in zip(prompts, _seeds(len(prompts), greedy, generator))]
+             "grammar": None if to_cap else policy.grammar, "logprobs": True, "ignore_eos": to_cap} for prompt, seed in zip(prompts, _seeds(len(prompts), greedy, generator))]
     answers = policy.client.complete_many(jobs)
     out = Generation([], [], [], decode_s=time.perf_counter() - start, prefilled_prompts=len({tuple(p) for p in prompts}))
     for completions in answers:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import random
 import time
 import warnings
@@ -31,8 +33,10 @@ import torch
 from memalpha.config import RunConfig, step_would_overrun, training_fields
 from memalpha.data.schema import Instance
 from memalpha.env.tools import TOOL_NAMES
-from memalpha.errors import UserError
+from memalpha.errors import NoTrainingStep, UserError
+from memalpha.progress import StepProgress, duration
 from memalpha.rewards.rubric import REWARD_COMPONENTS
+from memalpha.teacher import record
 from memalpha.training.checkpoint import (
     ADAPTER,
     BEST,
@@ -194,30 +198,37 @@ class Trainer:
     def train_step(self) -> StepResult:
         """One GRPO step: rollouts, advantages, update; appends the metrics to run_dir/metrics.jsonl. The
         held-out evaluation follows on the steps `GRPOConfig.is_eval_step` names and once the time budget
-        has no room for another step (`out_of_time`)."""
+        has no room for another step (`out_of_time`). Before step 1 the warm start is checked, and a time
+        budget already spent fails the run (`NoTrainingStep`); once started, a step always finishes."""
         cfg = self.config.grpo
         started = time.perf_counter()
         # the policy before any update: the baseline the held-out curve starts from
         before = {f"warm_start/{k}": v for k, v in self.validate().items()} if self.step == 0 and self.world.main else {}
-        if before and self.say:
-            self.say(f"held-out QA of the warm start: {before['warm_start/eval/qa_score']:.3f}")
-        self._check_budget(0)
+        if before:
+            self._tell(f"held-out QA of the warm start: {before['warm_start/eval/qa_score']:.3f}")
+        if self.step == 0:
+            self._check_first_step()
         instances = self._next_instances()
+        shard = self.world.shard(instances)
+        G = self.config.rollout.num_generations
+        progress = StepProgress(self.step + 1, cfg.steps, sum(len(i.chunks) for i in shard) * G, self.say or log.info)
+        # a step-level call writes G candidates for each instance still writing, a trajectory call a chunk of each rollout
+        written = G if cfg.sampling == "step" else 1
         collect = collect_step_rollouts if cfg.sampling == "step" else collect_rollouts
-        batch = collect(
-            self.policy, self.world.shard(instances), self.config, num_generations=self.config.rollout.num_generations,
-            generator=self.generator, reader=self.reader, judge=self.judge, on_chunks=self._check_budget,
-        )
-        samples = batch.samples
-        rewards = torch.tensor([s.reward.total for s in samples])
-        grouping = "chunk" if cfg.sampling == "step" else cfg.advantage_grouping  # step groups: one state's G candidates
-        groups = group_ids([s.instance_index for s in samples], [s.chunk for s in samples], grouping)
-        advantages, zero_std = compute_advantages(rewards, groups, cfg.scale_rewards)
-        for sample, adv in zip(samples, advantages.tolist()):
-            sample.advantage = adv
-        learning_rate = self.optimizer.param_groups[0]["lr"]
-        update_start = time.perf_counter()
-        update = self._update(samples, advantages)
+        with progress:
+            batch = collect(self.policy, shard, self.config, num_generations=G, generator=self.generator,
+                            reader=self.reader, judge=self.judge, on_chunks=lambda chunks: progress(chunks * written))
+            samples = batch.samples
+            rewards = torch.tensor([s.reward.total for s in samples])
+            grouping = "chunk" if cfg.sampling == "step" else cfg.advantage_grouping  # step groups: one state's G candidates
+            groups = group_ids([s.instance_index for s in samples], [s.chunk for s in samples], grouping)
+            advantages, zero_std = compute_advantages(rewards, groups, cfg.scale_rewards)
+            for sample, adv in zip(samples, advantages.tolist()):
+                sample.advantage = adv
+            learning_rate = self.optimizer.param_groups[0]["lr"]
+            update_start = time.perf_counter()
+            progress.updating()
+            update = self._update(samples, advantages)
         with warnings.catch_warnings():
             # The schedule counts GRPO steps, skipped updates (all advantages zero) included, so a first step
             # without an optimizer step is expected, not the ordering bug torch warns about.
@@ -253,14 +264,24 @@ class Trainer:
                 fh.write(json.dumps({"step": self.step, **metrics}) + "\n")
         return StepResult(self.step, metrics, frame, memories, batch.trace)
 
-    def _check_budget(self, _chunks: int) -> None:
-        """Inside a step (after the warm start's check, between chunk positions): a spent time budget stops
-        the step. One process only: ranks of a data-parallel step must finish it together, so they stop
-        between steps (`out_of_time`)."""
+    def _check_first_step(self) -> None:
+        """Before step 1: a time budget the warm start and its held-out check spent leaves no GRPO step, and
+        the run fails saying so (every rank takes the same branch). Later, the budget stops between steps."""
         deadline = self.config.deadline(self.started)
-        if self.world.size == 1 and deadline is not None and time.time() > deadline:
-            raise BudgetSpent(f"{self.config.time_budget_minutes} min spent during step {self.step + 1}: "
-                              f"stopped after step {self.step} of {self.config.grpo.steps}")
+        if not self.world.any(deadline is not None and time.time() > deadline):
+            return
+        budget, spent = self.config.time_budget_minutes, time.time() - self.started
+        more = math.ceil(budget + spent / 60)  # what was spent before step 1 again, plus the budget for steps
+        load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+        raise NoTrainingStep(
+            f"no GRPO step fits the time budget: time_budget_minutes={budget:g} was spent before step 1 "
+            f"({duration(spent)} since the run began, on the warm start and its held-out check; load average {load} "
+            f"on {os.cpu_count()} CPUs), so nothing was trained. Give it more time: time_budget_minutes={more} "
+            f"(`--set time_budget_minutes={more}`; `MEMALPHA_TRAIN_MINUTES={more} make train`), or null for no "
+            "limit, or run it on a less loaded machine")
+
+    def _tell(self, line: str) -> None:
+        (self.say or log.info)(line)
 
     def _collate(self, chosen: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """[left-padded prompt | right-padded completion] rows, attention mask, completion mask, width."""
@@ -412,7 +433,7 @@ class Trainer:
         """Greedy rollouts (G=1) on up to eval.max_instances held-out instances (0 = all), read through
         retrieval as in evaluation: eval/* metrics, QA per competency included. `train_step` runs it
         after every step `GRPOConfig.is_eval_step` names, so its metrics line carries them."""
-        instances = self.data.get(split, [])[: self.config.eval.max_instances or None]
+        instances = self._held_out(split)
         if not instances:
             raise UserError(f"{self.config.data.train_path}: no {split!r} instances to evaluate on")
         started = time.perf_counter()
@@ -427,10 +448,39 @@ class Trainer:
                                      on_chunks=progress)
         return evaluation_metrics(batch, time.perf_counter() - started)
 
+    def _held_out(self, split: str) -> list[Instance]:
+        return self.data.get(split, [])[: self.config.eval.max_instances or None]
+
+    def held_out_fields(self) -> dict:
+        """What this trainer's held-out check depends on besides the adapter (`record.held_out_fields`)."""
+        return record.held_out_fields(self.config, self._held_out("validation"), str(self.policy.dtype),
+                                      self.policy.device.type)
+
+    def warm_start_check(self) -> dict[str, float]:
+        """`evaluate` of the policy before any update, read from the warm start's record instead when it holds
+        this very check (the shipped warm start, copied with its record into run_dir/sft, on `make train`'s
+        data, reader and config); one line says which, and why it is measured."""
+        path = self.run_dir / SFT_DIR / record.RECORD_FILE
+        kept = record.read_record(path.parent) if self.config.sft.enabled else None
+        stored = (kept or {}).get(record.HELD_OUT_CHECK)
+        fields = self.held_out_fields()
+        if stored:
+            changed = sorted(k for k in fields.keys() | stored["fields"].keys() if fields.get(k) != stored["fields"].get(k))
+            if not changed:
+                self._tell(f"held-out check of the warm start: read from {path} (measured on the same data, reader and config)")
+                return dict(stored["metrics"])
+        why = ("sft.enabled=false" if not self.config.sft.enabled
+               else f"{path.parent} is not the shipped warm start (no {record.RECORD_FILE})" if kept is None
+               else f"{path} holds none (`memalpha sft --held-out-check` records it)" if not stored
+               else f"{path} was measured with other {', '.join(changed)}")
+        self._tell(f"held-out check of the warm start: measuring it, as {why}")
+        return self.evaluate("validation")
+
     def validate(self) -> dict[str, float]:
-        """`evaluate` on the validation split, keeping the adapter in run_dir/best when its QA beats every
-        earlier one (at step 0 the warm start is the first); adds `best/step` and `best/qa_score`."""
-        metrics = self.evaluate("validation")
+        """`evaluate` on the validation split (before the first update `warm_start_check`), keeping the adapter in
+        run_dir/best when its QA beats every earlier one (at step 0 the warm start is the first); adds
+        `best/step` and `best/qa_score`."""
+        metrics = self.warm_start_check() if self.step == 0 else self.evaluate("validation")
         best = read_best(self.run_dir)
         if self.step == 0 or best is None or metrics["eval/qa_score"] > best["score"]:
             save_best(self.run_dir, self.policy, self.step, metrics["eval/qa_score"])
@@ -501,14 +551,7 @@ class Trainer:
         end = min(until or cfg.steps, cfg.steps)
         last = None
         while self.step < end:
-            try:
-                result = self.train_step()
-            except BudgetSpent as spent:  # the dropped step changed nothing: the checkpoint is the state before it
-                self.out_of_time, self.stopped_early = True, True
-                if self.say:
-                    self.say(str(spent))
-                last = self.save_checkpoint()
-                break
+            result = self.train_step()
             if on_step is not None:
                 on_step(result)
             if self.step % cfg.checkpoint_every == 0 or self.step == end or self.out_of_time:
@@ -524,10 +567,6 @@ class Trainer:
         if not self.stopped_early:
             return None
         return f"{self.config.time_budget_minutes} min spent: stopped after step {self.step} of {self.config.grpo.steps}"
-
-
-class BudgetSpent(Exception):
-    """The time budget ran out inside a step; the step is dropped (nothing was updated)."""
 
 
 def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
