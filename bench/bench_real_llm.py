@@ -52,8 +52,9 @@ READER = os.environ.get("MEMALPHA_BENCH_LLM_READER", "qwen2.5-coder-1.5b")
 PER_CELL = int(os.environ.get("MEMALPHA_BENCH_LLM_PER_CELL", "4"))
 SAMPLE_SEED = 0
 ADAPTERS = {"shipped_writer": WRITER, "warm_start_dialogue": DIALOGUE_WARM_START}
-METHODS = tuple(os.environ.get("MEMALPHA_BENCH_LLM_METHODS", "oracle_evidence no_memory rag long_context rule_writer "
-                               "shipped_writer warm_start_dialogue llm_writer_0.5b llm_writer_1.5b").split())
+METHODS = tuple(os.environ.get("MEMALPHA_BENCH_LLM_METHODS", "oracle_evidence no_memory rag llm_writer_0.5b shipped_writer "
+                               "llm_writer_1.5b rule_writer long_context warm_start_dialogue").split())
+"""In order of what a stopped run should have first: the ceiling and the bar, then the writers."""
 LLM_WRITER_SERVERS = {"llm_writer_0.5b": "qwen2.5-coder-0.5b", "llm_writer_1.5b": "qwen2.5-coder-1.5b"}
 
 
