@@ -112,6 +112,8 @@ def _rollouts_32(config, warm_start: Path, dtype: str) -> dict[str, dict[str, fl
 
 
 def run() -> dict[str, Any]:
+    import json
+
     from memalpha.config import load_config
     from memalpha.models.loading import resolve_model_path
     from memalpha.models.policy import load_policy
@@ -120,6 +122,11 @@ def run() -> dict[str, Any]:
         raise RuntimeError("no .venv-vllm: run `make vllm` first")
     warm_start = ROOT / "adapters" / "warm-start"
     config = load_config(ROOT / "configs" / "default.yaml", ["sft.enabled=false", "grpo.eval_every=100"])
+    if os.environ.get("MEMALPHA_BENCH_ENGINES_PART") == "rollouts_32":  # only part 3; parts 1-2 kept from the last run
+        kept = json.loads((ROOT / "bench" / "results" / "engines.json").read_text())["results"]
+        dtype = kept.get("dtype", "bfloat16")
+        return {**kept, "rollouts_32": _rollouts_32(config, warm_start, dtype),
+                "rollouts_32_load_average_1m_at_start": round(os.getloadavg()[0], 2)}
     policy = load_policy(config.model, adapter=warm_start, trainable=False)
     dtype = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[policy.dtype]
     prompts = _prompts(policy, config, max(BATCHES) // config.rollout.num_generations)
@@ -154,7 +161,8 @@ def to_markdown(results: dict[str, Any]) -> str:
     if "rollouts_32" in results:
         rows = results["rollouts_32"]
         engines = list(next(iter(rows.values())))
-        lines += ["", "## B*G = 32 rollouts per policy and engine (tokens/s, same prompts per policy)", "",
+        lines += ["", "## B*G = 32 rollouts per policy and engine (tokens/s, same prompts per policy; load average "
+                  f"{results.get('rollouts_32_load_average_1m_at_start', results['load_average_1m_at_start'])} at its start)", "",
                   "| policy | " + " | ".join(engines) + " |", "|---|" + "---|" * len(engines)]
         lines += [f"| {name} | " + " | ".join(str(r.get(e, "-")) for e in engines) + " |" for name, r in rows.items()]
     return "\n".join(lines) + "\n"

@@ -346,8 +346,9 @@ class RunConfig(_Section):
     tracking: TrackingConfig = TrackingConfig()
     time_budget_minutes: float | None = Field(None, gt=0)
     """Wall-clock minutes for the warm start and the GRPO steps of one run (None: no limit). The warm start
-    stops after the SFT step that reaches `WARM_START_BUDGET_SHARE` of it; GRPO stops after the step past
-    which the next one would not fit, and evaluates and checkpoints there. At least one GRPO step runs."""
+    stops after the SFT step that reaches `WARM_START_BUDGET_SHARE` of it; GRPO stops between steps, after the
+    step past which the next one would not fit, and evaluates and checkpoints there. A started step always
+    finishes; a budget spent before step 1 fails the run (`errors.NoTrainingStep`)."""
 
     def deadline(self, started: float, share: float = 1.0) -> float | None:
         """The `time.time()` by which `share` of `time_budget_minutes`, counted from `started`, is spent."""

@@ -21,6 +21,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from memalpha.config import GRPOConfig, RunConfig
+from memalpha.errors import NoTrainingStep
 from memalpha.training.checkpoint import (
     ADAPTER,
     BEST,
@@ -35,6 +36,8 @@ from tasks import plots, tracking
 FAIL_AT_STEP_ENV = "MEMALPHA_FAIL_AT_STEP"
 """Failure injection for tests: raise once, after this training step and before its checkpoint."""
 RUN_ID_FILE = "mlflow_run_id"
+NO_TRAINING_STEP = "no_training_step"
+"""Key of a data-parallel block's outcome file when the time budget left no GRPO step (its message)."""
 STAGING = "staging"
 TEXT_COLUMNS = ("prompt", "completion", "parsed_calls", "results", "memory")
 
@@ -194,6 +197,14 @@ def _tag_best(run_dir: Path, run_id: str, metrics: dict[str, float]) -> None:
     })
 
 
+def _log_warm_start_check(run_id: str, record: dict) -> None:
+    """The held-out check of the warm start (`warm_start/*` of the first step) also as step 0 of the eval/* and
+    best/* curves, which then start where GRPO started; once."""
+    before = {k.removeprefix("warm_start/"): v for k, v in record["metrics"].items() if k.startswith("warm_start/")}
+    if before and 0 not in tracking.logged_steps(run_id, tracking.VALIDATION_KEY):
+        tracking.log_step_metrics(run_id, 0, before, record["time_ms"])
+
+
 def publish_block(config: RunConfig, run_dir: Path, run_id: str, first: int, last: int, checkpoint: Path) -> int:
     """Log staged steps first..last that MLflow lacks (artifacts, then the metric batch), then the checkpoint."""
     client = tracking.configure()
@@ -216,6 +227,7 @@ def publish_block(config: RunConfig, run_dir: Path, run_id: str, first: int, las
         memories = json.loads((folder / "memories.json").read_text())
         client.log_dict(run_id, memories[:keep], f"memories/{name}.json")
         _log_trace(run_id, json.loads((folder / "trace.json").read_text()), step)
+        _log_warm_start_check(run_id, record)
         # metrics last: once the sentinel is in, the step counts as published
         tracking.log_step_metrics(run_id, step, record["metrics"], record["time_ms"])
         _tag_best(run_dir, run_id, record["metrics"])
@@ -271,7 +283,8 @@ def _train_steps(config: RunConfig, path: Path, first: int, last: int, started: 
         + (f" ({trainer.world.size} processes)" if trainer.world.size > 1 else ""))
     if resumed < first - 1:
         raise RuntimeError(f"block {first}-{last} needs the checkpoint of step {first - 1}; latest is step {resumed}")
-    progress = GRPOProgress(config.grpo.steps, trainer.step, say, deadline=config.deadline(trainer.started))
+    progress = GRPOProgress(config.grpo.steps, trainer.step, say, deadline=config.deadline(trainer.started),
+                            sampling=config.grpo.sampling)
     trainer.say = say
     previous = time.perf_counter()
 
@@ -312,21 +325,34 @@ def _launch(processes: int, config: RunConfig, path: Path, first: int, last: int
     if proc.wait() != 0 or not out.is_file():
         raise RuntimeError(f"block {first}-{last}: {processes} training processes exited with {proc.returncode}:\n"
                            + "\n".join(tail))
-    return json.loads(out.read_text())
+    outcome = json.loads(out.read_text())
+    if NO_TRAINING_STEP in outcome:
+        raise NoTrainingStep(outcome[NO_TRAINING_STEP])
+    return outcome
 
 
-@task(name="train-block", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+def _retry_unless_no_step(task, task_run, state) -> bool:
+    """A retry cannot give a spent time budget time back (it counts from the flow run's start)."""
+    return not isinstance(state.data, NoTrainingStep)
+
+
+@task(name="train-block", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1, retry_condition_fn=_retry_unless_no_step)
 def train_block(config: RunConfig, run_dir: str, run_id: str, first: int, last: int,
                 started: float | None = None, processes: int = 1) -> dict[str, Any]:
     """GRPO steps first..last: resume from the latest checkpoint, train, evaluate, checkpoint, publish; with
     `processes` > 1 data-parallel under torchrun. Under `time_budget_minutes` (counted from `started`) the
-    block may end early: `stopped_early`."""
+    block may end early: `stopped_early`; a budget spent before step 1 fails it with `NoTrainingStep`."""
     logger = get_run_logger()
     path = Path(run_dir)
-    if processes > 1:
-        outcome = _launch(processes, config, path, first, last, started, logger.info)
-    else:
-        outcome = _train_steps(config, path, first, last, started, logger.info)
+    try:
+        if processes > 1:
+            outcome = _launch(processes, config, path, first, last, started, logger.info)
+        else:
+            outcome = _train_steps(config, path, first, last, started, logger.info)
+    except NoTrainingStep as error:
+        logger.error("%s", error)
+        tracking.set_tags(run_id, {tracking.TIME_BUDGET_TAG: str(error)})
+        raise
     checkpoint = Path(outcome["checkpoint"])
     if outcome["budget_stop"]:
         logger.info("time budget of %s", outcome["budget_stop"])
@@ -345,8 +371,11 @@ def main(argv: list[str] | None = None) -> int:
     from memalpha.training.distributed import init_world
 
     config_file, run_dir, first, last, started, out = (argv or sys.argv[1:])
-    outcome = _train_steps(RunConfig.model_validate_json(Path(config_file).read_text()), Path(run_dir), int(first),
-                           int(last), float(started), lambda line: print(line, flush=True))
+    try:
+        outcome = _train_steps(RunConfig.model_validate_json(Path(config_file).read_text()), Path(run_dir), int(first),
+                               int(last), float(started), lambda line: print(line, flush=True))
+    except NoTrainingStep as error:  # every rank raises it; `_launch` raises it again, for the task not to retry
+        outcome = {NO_TRAINING_STEP: str(error)}
     if init_world().main:
         Path(out).write_text(json.dumps(outcome))
     return 0

@@ -118,7 +118,7 @@ def test_a_two_process_run_killed_mid_run_resumes_to_the_uninterrupted_runs_adap
                         "--set", "grpo.eval_every=3", "--set", f"output_dir={tmp_path / name}")
 
     out = finished(train("whole"))
-    assert out.count("grpo step 3/3") == 1  # rank 0 alone prints
+    assert out.count("grpo step 3/3 |") == 1  # rank 0 alone prints
     whole = tmp_path / "whole"
     last = checkpoint_dir(whole, 3)
     assert read_state(last).processes == 2 and (last / "rng-rank-1.pt").is_file()

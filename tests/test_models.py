@@ -174,7 +174,7 @@ def test_an_unprepared_packaged_policy_names_how_to_prepare_it(monkeypatch, tmp_
         resolve_model_path("gemma3-270m")
     from memalpha.models.prepare import prepare
 
-    with pytest.raises(loading.ModelNotPreparedError, match="choose from smollm2-135m-instruct, gemma3-270m"):
+    with pytest.raises(loading.ModelNotPreparedError, match="choose from smollm2-135m-instruct, gemma3-270m, qwen2.5-coder-0.5b"):
         prepare(policies=("gemma-9b",))
 
 

@@ -225,8 +225,8 @@ def test_train_deployment_resumes_after_injected_failure(stack, trained):
         assert sorted(steps) == list(range(1, STEPS + 1)), (key, steps)
     eval_keys = [k for k in run.data.metrics if k.startswith(("eval/", "best/"))]
     assert {"eval/qa_score", "best/step", "best/qa_score"} <= set(eval_keys)
-    for key in eval_keys:
-        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [2, 4], key
+    for key in eval_keys:  # step 0: the warm start's held-out check
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [0, 2, 4], key
     # the warm start's held-out extraction per SFT epoch, and its held-out QA before the first update
     assert [m.step for m in client.get_metric_history(run.info.run_id, "sft_eval/evidence_recall")] == [1]
     assert [m.step for m in client.get_metric_history(run.info.run_id, "warm_start/eval/qa_score")] == [1]
@@ -331,7 +331,7 @@ def test_train_deployment_runs_its_blocks_on_two_processes(stack, dataset):
     experiment = client.get_experiment_by_name("integration-processes")
     (run,) = client.search_runs([experiment.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
     assert [m.step for m in client.get_metric_history(run.info.run_id, "reward")] == [1, 2]  # each step once, from rank 0
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/qa_score")] == [2]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/qa_score")] == [0, 2]  # 0: before step 1
     run_dir = Path(run.data.tags["memalpha.run_dir"])
     state = json.loads((run_dir / "checkpoints" / "step-000002" / "state.json").read_text())
     assert state["processes"] == 2 and (run_dir / "checkpoints" / "step-000002" / "rng-rank-1.pt").is_file()

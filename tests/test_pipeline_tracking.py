@@ -109,6 +109,8 @@ def test_publish_logs_each_step_once_even_when_repeated(store, tmp_path):
     (checkpoint / "state.json").write_text("{}")
     for step in (1, 2):
         result = _result(step, with_eval=step == 2)
+        if step == 1:  # the warm start's held-out check, made before step 1
+            result.metrics.update({"warm_start/eval/qa_score": 0.05, "warm_start/best/step": 0.0})
         _stage_step(run_dir, result, seconds=0.5)
     assert publish_block(config, run_dir, run_id, 1, 2, checkpoint) == 2
     # a retry after the checkpoint (or a re-run of the block) publishes nothing again
@@ -117,7 +119,10 @@ def test_publish_logs_each_step_once_even_when_repeated(store, tmp_path):
     client = tracking.configure()
     for key in ("reward", "memory/tokens", tracking.STEP_SENTINEL):
         assert sorted(m.step for m in client.get_metric_history(run_id, key)) == [1, 2]
-    assert [m.step for m in client.get_metric_history(run_id, "eval/qa_score")] == [2]
+    # the held-out curves start at step 0 with the warm start's check, logged once
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "eval/qa_score")] == [(0, 0.05), (2, 0.2)]
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "best/step")] == [(0, 0.0), (2, 2.0)]
+    assert [m.step for m in client.get_metric_history(run_id, "warm_start/eval/qa_score")] == [1]
     assert client.get_metric_history(run_id, "bad") == []  # NaN is not logged
     names = {a.path for a in client.list_artifacts(run_id, "rollouts")}
     assert names == {"rollouts/rollouts-step-000001.parquet", "rollouts/rollouts-step-000002.parquet"}

@@ -48,6 +48,44 @@ def test_a_run_reuses_the_shipped_warm_start_of_its_recipe_and_trains_another(ra
     assert json.loads((trained / "sft_result.json").read_text())["adapter_dir"] == str(trained)
 
 
+def test_a_run_reads_the_held_out_check_its_shipped_warm_start_records_and_measures_another(random_adapter, tmp_path):  # noqa: F811
+    from memalpha.config import load_config
+    from memalpha.errors import UserError
+    from memalpha.teacher.warm_start import record_held_out_check
+    from memalpha.training.checkpoint import read_best
+    from memalpha.training.trainer import Trainer
+
+    data = make_dataset(tmp_path / "data")
+    config = tiny_config(data, "sft.enabled=true", "sft.eval_chunks=0")
+    shipped = record.ship(random_adapter, tmp_path / "shipped", {"hash": record.warm_start_hash(config)})
+    check = record_held_out_check(config, shipped)
+    assert record.read_record(shipped)[record.HELD_OUT_CHECK] == check and check["metrics"]["eval/instances"] == 2
+
+    def before_step_one(run_config, name):
+        prepare_warm_start(run_config, tmp_path / name, shipped=shipped)
+        trainer = Trainer(run_config, tmp_path / name)
+        said = []
+        trainer.say = said.append
+        return trainer, trainer.validate(), said
+
+    trainer, metrics, said = before_step_one(config, "same")
+    assert said == [f"held-out check of the warm start: read from {tmp_path / 'same' / SFT_DIR / record.RECORD_FILE} "
+                    "(measured on the same data, reader and config)"]
+    assert {k: v for k, v in metrics.items() if not k.startswith("best/")} == check["metrics"]
+    assert metrics["best/step"] == 0 and read_best(tmp_path / "same")["score"] == check["metrics"]["eval/qa_score"]
+    measured = trainer.evaluate()  # what the run would have measured
+    assert {k: v for k, v in measured.items() if k != "eval/seconds"} == {k: v for k, v in check["metrics"].items() if k != "eval/seconds"}
+
+    # another number of held-out instances is another check: measured, and the line says why
+    fewer = tiny_config(data, "sft.enabled=true", "sft.eval_chunks=0", "eval.max_instances=1")
+    _, metrics, said = before_step_one(fewer, "fewer")
+    assert said[0] == (f"held-out check of the warm start: measuring it, as {tmp_path / 'fewer' / SFT_DIR / record.RECORD_FILE} "
+                       "was measured with other eval.max_instances, instances_sha256")
+    assert metrics["eval/instances"] == 1
+    with pytest.raises(UserError, match=r"record.json: field 'hash'"):
+        record_held_out_check(load_config(None, [f"data.train_path={data}"]), shipped)
+
+
 @pytest.mark.parametrize("change", ["sft.num_demonstrations=8", "rollout.max_completion_length=64", "model.lora_r=8",
                                     "memory.writer_view_tokens=512", "grpo.seed=1", "data.competencies=[accurate_retrieval]"])
 def test_what_determines_the_warm_start_changes_its_hash_and_what_does_not_leaves_it(change):

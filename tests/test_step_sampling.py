@@ -2,6 +2,7 @@
 advance rule, groups without signal skipped, exact resume, the chunk curriculum."""
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -158,3 +159,20 @@ def test_the_shared_prompt_update_equals_the_plain_one(tmp_path, random_adapter,
     assert shared_stats["grad_norm"] > 0
     for a, b in zip(shared_grads, plain_grads):
         assert torch.allclose(a, b, rtol=1e-3, atol=1e-6)
+
+
+def test_the_step_line_shows_what_step_sampling_optimises(step_run):
+    from memalpha.progress import GRPOProgress
+
+    _, _, results = step_run
+    lines = []
+    progress = GRPOProgress(3, 0, lines.append, sampling="step")
+    for result in results:
+        m = result.metrics
+        assert m["rewards/r1/mean"] == m["rewards/r3/mean"] == 0  # they need the final memory: not step-level terms
+        assert 0 <= m["rewards/r2_gated/mean"] <= m["rewards/r2/mean"] and 0 <= m["rewards/r4_gated/mean"] <= m["rewards/r4/mean"]
+        progress(result)
+    terms = r"\(coverage [0-9.]+ retention [0-9.]+ gated r2 [0-9.]+ gated r4 [0-9.]+\) \| trajectory QA [0-9.]+"
+    assert re.match(rf"grpo step 1/3 \| reward -?[0-9.]+ {terms} \| [0-9.]+ s/step \| ETA ", lines[0]), lines
+    assert re.match(rf"grpo step 3/3 \| reward -?[0-9.]+ {terms} \| held-out QA [0-9.]+ \(warm start [0-9.]+\) \|", lines[2]), lines
+    assert not any(re.search(r"\br[13] ", line) for line in lines), lines

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from test_rollout import make_dataset, random_adapter, tiny_config  # noqa: F401  (fixture re-export)
 
-from memalpha.errors import UserError
+from memalpha.errors import NoTrainingStep, UserError
 from memalpha.training.checkpoint import SFT_DIR, read_best
 from memalpha.training.trainer import METRICS_FILE, Trainer
 
@@ -156,17 +156,81 @@ def test_a_time_budget_ends_training_at_the_last_step_that_fits_and_evaluates_it
     assert [r.step for r in results] == [1, 2, 3] and trainer.stopped_early
     assert last.name == "step-000003" and last.is_dir()
     assert "eval/qa_score" in results[2].metrics and "eval/qa_score" not in results[1].metrics
-    # started past the deadline: the warm start is checked (with progress lines), no step is started, and
-    # the checkpoint holds the state before the dropped step
+    # started past the deadline: the warm start is checked (with progress lines), then the run fails before
+    # step 1, saying so with the load average and how to give it more time (10 min spent + 5 of budget)
     late = Trainer(_config(data, "grpo.steps=5", "time_budget_minutes=5"), _run_dir(tmp_path, run / SFT_DIR, "late"),
                    started=clock[0] - 600)
     said, results = [], []
     late.say = said.append
-    last = late.train(results.append)
-    assert results == [] and late.stopped_early and late.step == 0 and last.name == "step-000000"
+    with pytest.raises(NoTrainingStep, match=r"no GRPO step fits the time budget: time_budget_minutes=5 was spent") as error:
+        late.train(results.append)
+    message = str(error.value)
+    assert re.search(r"10m 00s since the run began, .* load average [0-9.]+, [0-9.]+, [0-9.]+ on \d+ CPUs", message), message
+    assert "`--set time_budget_minutes=15`; `MEMALPHA_TRAIN_MINUTES=15 make train`" in message
+    assert results == [] and late.step == 0 and not (late.run_dir / "checkpoints").exists()
+    assert said[0].startswith("held-out check of the warm start: measuring it, as ") and "no record.json" in said[0]
     assert any(line.startswith("held-out check at step 0: ") and "ETA" in line for line in said)
-    assert any(line.startswith("held-out QA of the warm start: ") for line in said)
-    assert said[-1] == "5.0 min spent during step 1: stopped after step 0 of 5"
+    assert said[-1].startswith("held-out QA of the warm start: ")
+
+
+def test_the_first_step_finishes_when_the_budget_runs_out_inside_it(finished, tmp_path, monkeypatch):
+    import memalpha.training.trainer as trainer_module
+
+    data, run, _, _ = finished
+    clock = [1000.0]
+    monkeypatch.setattr("memalpha.training.trainer.time.time", lambda: clock[0])
+    collect = trainer_module.collect_rollouts
+
+    def slow_rollouts(*args, **kwargs):
+        if not kwargs.get("greedy"):  # the training rollouts, not the held-out checks
+            clock[0] += 600  # the 5-minute budget runs out while step 1 writes
+        return collect(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "collect_rollouts", slow_rollouts)
+    trainer = Trainer(_config(data, "grpo.steps=5", "time_budget_minutes=5"), _run_dir(tmp_path, run / SFT_DIR))
+    results = []
+    last = trainer.train(results.append)
+    # step 1 is finished, evaluated and checkpointed; the budget stops the run before step 2
+    assert [r.step for r in results] == [1] and trainer.stopped_early and last.name == "step-000001"
+    assert "eval/qa_score" in results[0].metrics and trainer.budget_stop == "5.0 min spent: stopped after step 1 of 5"
+
+
+def test_a_long_step_says_where_it_is_at_least_every_heartbeat():
+    import time
+
+    from memalpha.progress import StepProgress
+
+    lines = []
+    with StepProgress(2, 8, 16, lines.append, heartbeat=0.2) as progress:
+        progress(4)
+        time.sleep(0.5)
+        progress(12)  # written: scoring follows
+        time.sleep(0.5)
+        progress.updating()
+        time.sleep(0.5)
+    kinds = [re.sub(r"\d+s so far$", "", re.sub(r"done in \d+s", "done", line)) for line in lines]
+    assert kinds[0] == "grpo step 2/8: rollouts 4/16 chunks, " and kinds[-1] == "grpo step 2/8: rollouts done, updating, ", lines
+    assert "grpo step 2/8: rollouts 16/16 chunks, scoring them, " in kinds, lines
+    count = len(lines)
+    time.sleep(0.3)
+    assert len(lines) == count  # nothing once the step is over
+    with StepProgress(1, 8, 16, lines.append, heartbeat=5) as progress:  # a short step says nothing
+        progress(16)
+    assert len(lines) == count
+
+
+def test_the_step_line_shows_what_the_sampling_optimises():
+    from memalpha.progress import StepMeter, grpo_line
+
+    metrics = {"reward": 1.5, "qa_score": 0.25, **{f"rewards/{k}/mean": v for k, v in {
+        "r1": 0.0, "r2": 0.9, "r3": 0.0, "r4": 0.8, "coverage": 0.5, "retention": 0.95, "r2_gated": 0.45, "r4_gated": 0.4}.items()}}
+    step = grpo_line(3, 8, metrics, StepMeter(8, 3), sampling="step")
+    assert step.startswith("grpo step 3/8 | reward 1.500 (coverage 0.50 retention 0.95 gated r2 0.45 gated r4 0.40) "
+                           "| trajectory QA 0.250 | starting")
+    assert "r1" not in step and "r3" not in step
+    trajectory = grpo_line(3, 8, {**metrics, "eval/qa_score": 0.5}, StepMeter(8, 3), warm_start_qa=0.4, sampling="trajectory")
+    assert trajectory.startswith("grpo step 3/8 | reward 1.500 (r1 0.00 r2 0.90 r3 0.00 r4 0.80 coverage 0.50 retention 0.95) "
+                                 "| held-out QA 0.500 (warm start 0.400)")
 
 
 def test_evaluate_is_greedy_and_does_not_touch_training_randomness(finished):

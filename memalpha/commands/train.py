@@ -67,7 +67,8 @@ def _train(args) -> int:
     if trainer.maybe_resume(checkpoint):
         say(f"resumed at step {trainer.step}")
     trainer.say = say if world.main else None
-    last = trainer.train(GRPOProgress(config.grpo.steps, trainer.step, say, deadline=config.deadline(trainer.started)))
+    last = trainer.train(GRPOProgress(config.grpo.steps, trainer.step, say, deadline=config.deadline(trainer.started),
+                                      sampling=config.grpo.sampling))
     if trainer.budget_stop:
         say(f"time budget of {trainer.budget_stop}")
     say(f"done: {trainer.step} steps in {time.perf_counter() - started:.0f} s; "

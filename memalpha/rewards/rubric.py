@@ -56,6 +56,8 @@ class RewardBreakdown:
     nothing_to_store: bool = False
     retention: float = 1.0
     """Share of the answer support the memory had before the chunk that survived it (`retention`)."""
+    gate: float = 1.0
+    """g_t, the factor r2 and r4 enter the total with (the content gate; 1 when `reward.content_gate` is off)."""
 
     def to_dict(self) -> dict[str, float | int | bool]:
         return asdict(self)
@@ -122,7 +124,7 @@ def chunk_rewards(
         gate = (content if evidence else kept) if cfg.content_gate else 1.0
         total = qa_score + cfg.coverage_weight * content + gate * (r2 + cfg.gamma * r4) + cfg.beta * r3
         out.append(RewardBreakdown(qa_score, r2, r3, r4, total, content, evidence, calls, executed, n_valid, skip,
-                                   retention=credit.retention))
+                                   retention=credit.retention, gate=gate))
     return out
 
 

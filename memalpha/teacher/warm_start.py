@@ -122,6 +122,33 @@ def _adapter_folder(path: Path) -> Path:
     return record.restore(path, Path(tempfile.mkdtemp(prefix="memalpha-init-")) / "adapter")
 
 
+def record_held_out_check(config: RunConfig, folder: Path = record.WARM_START,
+                          say: Callable[[str], None] | None = None) -> dict:
+    """Measure the held-out check a GRPO run of `config` makes of the shipped warm start in `folder` before its
+    first step (`Trainer.warm_start_check`) and store it in the record (`record.HELD_OUT_CHECK`), so that such
+    a run reads it instead of measuring it again. Returns the check."""
+    import tempfile
+
+    from memalpha.training.trainer import Trainer
+
+    kept = record.read_record(folder)
+    if kept is None:
+        raise UserError(f"{folder}: no shipped warm start (needs {record.WEIGHTS_FILE} and {record.RECORD_FILE})")
+    wanted = record.warm_start_hash(config)
+    if kept.get("hash") != wanted:
+        raise UserError(f"{Path(folder) / record.RECORD_FILE}: field 'hash' is {kept.get('hash')!r}, this config's warm "
+                        f"start hashes to {wanted!r}: its runs do not start from this adapter")
+    with tempfile.TemporaryDirectory() as tmp:
+        record.restore(folder, Path(tmp) / SFT_DIR)
+        trainer = Trainer(config, tmp)
+        trainer.say = say
+        check = {"fields": trainer.held_out_fields(), "metrics": trainer.evaluate("validation")}
+    kept[record.HELD_OUT_CHECK] = check
+    (Path(folder) / record.RECORD_FILE).write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+    log.info("%s: held-out check recorded, QA %.3f", folder, check["metrics"]["eval/qa_score"])
+    return check
+
+
 def ship_warm_start(config: RunConfig, adapter: Path, policy, held_out: list[Instance],
                     folder: Path = record.WARM_START) -> dict:
     """Store `adapter` (this config's warm start) as the shipped one in bf16, with its record: the hash, the

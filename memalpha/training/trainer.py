@@ -201,13 +201,13 @@ class Trainer:
         has no room for another step (`out_of_time`). Before step 1 the warm start is checked, and a time
         budget already spent fails the run (`NoTrainingStep`); once started, a step always finishes."""
         cfg = self.config.grpo
-        started = time.perf_counter()
         # the policy before any update: the baseline the held-out curve starts from
         before = {f"warm_start/{k}": v for k, v in self.validate().items()} if self.step == 0 and self.world.main else {}
         if before:
             self._tell(f"held-out QA of the warm start: {before['warm_start/eval/qa_score']:.3f}")
         if self.step == 0:
             self._check_first_step()
+        started = time.perf_counter()  # after the warm start's check: step times predict the next step's (`out_of_time`)
         instances = self._next_instances()
         shard = self.world.shard(instances)
         G = self.config.rollout.num_generations
@@ -469,7 +469,7 @@ class Trainer:
             if not changed:
                 self._tell(f"held-out check of the warm start: read from {path} (measured on the same data, reader and config)")
                 return dict(stored["metrics"])
-        why = ("sft.enabled=false" if not self.config.sft.enabled
+        why = ("sft.enabled=false: no warm start, the base policy is checked" if not self.config.sft.enabled
                else f"{path.parent} is not the shipped warm start (no {record.RECORD_FILE})" if kept is None
                else f"{path} holds none (`memalpha sft --held-out-check` records it)" if not stored
                else f"{path} was measured with other {', '.join(changed)}")
@@ -636,6 +636,8 @@ def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
         "reward": sum(s.reward.total for s in samples) / n,
         "qa_score": sum(batch.qa_scores) / max(len(batch.qa_scores), 1),
         **{f"rewards/{c}/mean": sum(getattr(s.reward, c) for s in samples) / n for c in REWARD_COMPONENTS},
+        # r2 and r4 as the total counts them: step-level sampling optimises these, not the raw shares
+        **{f"rewards/{c}_gated/mean": sum(s.reward.gate * getattr(s.reward, c) for s in samples) / n for c in ("r2", "r4")},
         "completions/mean_length": sum(lengths) / n,
         "completions/min_length": float(min(lengths, default=0)),
         "completions/max_length": float(max(lengths, default=0)),
