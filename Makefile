@@ -16,7 +16,7 @@ DB ?= $(MEMALPHA_DB)
 
 LLAMA_SERVER := .cache/llama.cpp/0.3.36/bin/llama-server
 
-.PHONY: setup gemma3 llm vllm browser test test-fast train warm-start bench gpu-check up down status serve clean
+.PHONY: setup gemma3 llm vllm browser test test-fast train sweep warm-start bench gpu-check up down status serve clean
 
 setup: $(STAMP) .cache/models/.ready
 
@@ -80,6 +80,11 @@ test-fast: setup
 
 train: setup
 	MEMALPHA_DB=$(DB) bash infra/train.sh
+
+# reward weightings side by side (~15 min on 2 cores): 3 (beta, gamma) points, each a 2-step GRPO child run of
+# configs/sweep.yaml from the shipped warm start; prints the MLflow chart view that compares them (infra/sweep.sh)
+sweep: setup
+	MEMALPHA_DB=$(DB) bash infra/sweep.sh
 
 # the recipe's warm start (~1 h on 2 cores), stored as adapters/warm-start with its hash and held-out checks;
 # needed only when the recipe changes (tests/test_record.py says so)

@@ -47,7 +47,8 @@ def mark_mlflow_run_crashed(flow, flow_run, state) -> None:
 def grpo(config: RunConfig = default_config(), parent_run_id: str | None = None, register_adapter: bool = True,
          processes: int = 1) -> dict:
     """Train the memory writer with GRPO on `config`, data-parallel over `processes` (torchrun: gloo on a
-    CPU, NCCL on GPUs); returns the MLflow run id, checkpoint and model."""
+    CPU, NCCL on GPUs); returns the MLflow run id, checkpoint and model. Without `register_adapter` (a sweep's
+    children: compared, not served) no model is logged; the run keeps its checkpoints."""
     logger = get_run_logger()
     flow_run_id = str(runtime.flow_run.id)
     run_dir = run_dir_for(config, flow_run_id)
@@ -63,7 +64,7 @@ def grpo(config: RunConfig = default_config(), parent_run_id: str | None = None,
             if block is not None and block["stopped_early"]:
                 break  # the time budget is spent; the block evaluated and checkpointed its last step
             block = train_block(config, str(run_dir), run_id, first, last, started, processes)
-        model = register_model(config, str(run_dir), run_id, block["checkpoint"], register_adapter) if block else None
+        model = register_model(config, str(run_dir), run_id, block["checkpoint"]) if block and register_adapter else None
     except BaseException:
         close_run(run_id, "FAILED")
         raise
@@ -85,7 +86,7 @@ def register_writer(config: RunConfig = default_config(), adapter: str = SHIPPED
     logger.info("MLflow run %s for the shipped writer %s", tracking.run_url(run_id), adapter)
     try:
         kept = adopt_shipped_writer(str(run_dir), run_id, str(repo_path(adapter)))
-        model = register_model(config, str(run_dir), run_id, str(run_dir), True)
+        model = register_model(config, str(run_dir), run_id, str(run_dir))
     except BaseException:
         close_run(run_id, "FAILED")
         raise

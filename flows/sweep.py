@@ -1,7 +1,8 @@
 """Flow `sweep`: a grid of reward weightings (beta, gamma), each a GRPO run logged as a child of one
-MLflow parent run, so the MLflow UI compares them side by side. The children run one after another, or
-concurrently as tasks on Ray workers (prefect-ray's task runner): a local Ray on 127.0.0.1 with
-`ray_workers` CPUs, or the cluster at `ray_address`."""
+MLflow parent run, so the MLflow UI compares them side by side (`tracking.share_children_view`). The children
+run one after another, or concurrently as tasks on Ray workers (prefect-ray's task runner): a local Ray on
+127.0.0.1 with `ray_workers` CPUs, or the cluster at `ray_address`. By default the grid is `POINTS` and each
+child is `configs/sweep.yaml`, sized so the whole sweep takes ~15 minutes on a 2-core CPU (`make sweep`)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,38 @@ import itertools
 from prefect import flow, get_run_logger, runtime, task
 from prefect.cache_policies import NO_CACHE
 
-from flows import default_config
+from flows import REPO_ROOT
 from flows.grpo import grpo
-from memalpha.config import RunConfig
+from memalpha.config import RunConfig, load_config
 from memalpha.evaluation.cluster import local_ray_kwargs
 from tasks import tracking
 
+SWEEP_CONFIG_FILE = REPO_ROOT / "configs" / "sweep.yaml"
+POINTS = [(0.05, 0.1), (1.0, 0.1), (0.05, 1.0)]
+"""The recipe's (beta, gamma), then each weight raised alone: what each weight does shows against the recipe."""
+WEIGHTS = ("reward.beta", "reward.gamma")
+COMPARED = ["eval/qa_score", "reward", "rewards/beta_r3/mean", "rewards/gamma_r4_gated/mean", "rewards/r3/mean",
+            "rewards/r4/mean", "memory/tokens", "eval/reward"]
+"""The charts the sweep's comparison opens on: held-out QA, the reward, the terms the weights scale, what they change."""
+
+
+def sweep_config() -> RunConfig:
+    """The config each child starts from (its weights set by the grid): configs/sweep.yaml."""
+    return load_config(SWEEP_CONFIG_FILE)
+
 
 @task(name="open-sweep-run", cache_policy=NO_CACHE)
-def open_parent(config: RunConfig, grid: list[tuple[float, float]], flow_run_id: str) -> str:
-    """The parent MLflow run: the base config as params, the grid as a tag."""
-    params = {k: v for k, v in config.flat().items() if k not in ("reward.beta", "reward.gamma")}
+def open_parent(config: RunConfig, grid: list[tuple[float, float]], flow_run_id: str) -> dict[str, str]:
+    """The parent MLflow run (the base config as params, the grid as a tag) and the UI's chart view of its
+    children, linked from its description and `tracking.COMPARE_TAG`."""
+    params = {k: v for k, v in config.flat().items() if k not in WEIGHTS}
     tags = {"prefect.flow_run_id": flow_run_id, "memalpha.sweep_grid": str(grid), "memalpha.kind": "sweep"}
-    return tracking.create_run(config.tracking.experiment, f"sweep-{config.name}", params, tags)
+    run_id = tracking.create_run(config.tracking.experiment, f"sweep-{config.name}", params, tags)
+    compare = tracking.share_children_view(run_id, list(WEIGHTS), "Reward weightings", COMPARED)
+    tracking.set_tags(run_id, {tracking.COMPARE_TAG: compare, tracking.DESCRIPTION_TAG: (
+        f"Reward weightings (beta, gamma) {grid}, each a child run of config `{config.name}` ({config.grpo.steps} "
+        f"GRPO steps, {config.grpo.sampling}-level sampling). [Compare them]({compare}): one series per child.")})
+    return {"run_id": run_id, "compare_url": compare}
 
 
 @task(name="close-sweep-run", cache_policy=NO_CACHE)
@@ -60,13 +80,18 @@ def ray_runner(workers: int, address: str):
 
 
 @flow(name="sweep")
-def sweep(config: RunConfig = default_config(), betas: list[float] = [0.0, 0.05, 0.2],
-          gammas: list[float] = [0.0, 0.1], ray_workers: int = 0, ray_address: str = "") -> dict:
-    """Run `grpo` for every (beta, gamma) in betas x gammas as MLflow child runs of one parent run; on Ray
-    when `ray_workers` > 0 or `ray_address` is set."""
+def sweep(config: RunConfig = sweep_config(), points: list[tuple[float, float]] = POINTS, betas: list[float] = [],
+          gammas: list[float] = [], ray_workers: int = 0, ray_address: str = "") -> dict:
+    """Run `grpo` for every (beta, gamma) of `points`, or of betas x gammas when either is given (the other
+    then defaults to the config's weight), as MLflow child runs of one parent run; on Ray when `ray_workers`
+    > 0 or `ray_address` is set. Returns the parent, the children and the UI's chart view comparing them."""
     logger = get_run_logger()
-    grid = list(itertools.product(betas, gammas))
-    parent = open_parent(config, grid, str(runtime.flow_run.id))
+    if betas or gammas:
+        points = list(itertools.product(betas or [config.reward.beta], gammas or [config.reward.gamma]))
+    grid = [(float(beta), float(gamma)) for beta, gamma in points]
+    opened = open_parent(config, grid, str(runtime.flow_run.id))
+    parent, compare = opened["run_id"], opened["compare_url"]
+    logger.info("sweep of %d reward weightings (beta, gamma) %s: compare them at %s", len(grid), grid, compare)
     configs = []
     for beta, gamma in grid:
         child_config = config.model_copy(deep=True)
@@ -79,11 +104,13 @@ def sweep(config: RunConfig = default_config(), betas: list[float] = [0.0, 0.05,
         if ray_workers or ray_address:
             children = children_on_ray.with_options(task_runner=ray_runner(ray_workers, ray_address))(configs, parent)
         else:
-            for child_config in configs:
+            for i, child_config in enumerate(configs, 1):
+                logger.info("weighting %d/%d: beta %g, gamma %g (run %s)", i, len(configs), child_config.reward.beta,
+                            child_config.reward.gamma, child_config.name)
                 children.append(grpo(child_config, parent_run_id=parent, register_adapter=False))
-                logger.info("%s done: %s", child_config.name, children[-1]["run_id"])
+                logger.info("weighting %d/%d done: %s", i, len(configs), tracking.run_url(children[-1]["run_id"]))
     except BaseException:
         close_parent(parent, children, "FAILED")
         raise
     close_parent(parent, children)
-    return {"parent_run_id": parent, "children": [c["run_id"] for c in children]}
+    return {"parent_run_id": parent, "children": [c["run_id"] for c in children], "compare_url": compare}

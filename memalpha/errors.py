@@ -12,4 +12,9 @@ class ServiceError(Exception):
 
 class NoTrainingStep(UserError):
     """The time budget was spent before the first GRPO step: the run trained nothing, and says so (a retry
-    cannot help: the budget counts from the run's start)."""
+    cannot help: the budget counts from the run's start). `held_out`: the held-out check of the starting
+    policy (`warm_start/eval/*`), made before the budget ran out, for the run to show it all the same."""
+
+    def __init__(self, message: str, held_out: dict[str, float] | None = None):
+        super().__init__(message)
+        self.held_out = held_out or {}

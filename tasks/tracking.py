@@ -160,10 +160,45 @@ def find_run(experiment: str | None, tag: str, value: str) -> str | None:
     return runs[0].info.run_id if runs else None
 
 
+UI_VIEW = "workflowType=machine_learning"
+"""The MLflow UI's training view: MLflow 3.17 opens its GenAI view unless the link names this one (it no longer
+reads an experiment's `mlflow.experimentKind` tag)."""
+SHARED_VIEW_TAG = "mlflow.sharedViewState."
+"""Experiment tag prefix under which the MLflow UI's Share button stores a runs view (key: `viewStateShareKey`)."""
+COMPARE_TAG = "memalpha.compare_url"
+"""A parent run's tag holding `share_children_view`'s link (a sweep's)."""
+
+
 def run_url(run_id: str) -> str:
     """Link to the run in the MLflow UI."""
     run = configure().get_run(run_id)
-    return f"{ui_url()}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
+    return f"{ui_url()}/#/experiments/{run.info.experiment_id}/runs/{run_id}?{UI_VIEW}"
+
+
+LINE_CHART = {"type": "LINE", "runsCountToCompare": 100, "deleted": False, "isGenerated": True, "lineSmoothness": 0,
+              "xAxisKey": "step", "xAxisScaleType": "linear", "scaleType": "linear", "selectedXAxisMetricKey": "",
+              "yAxisKey": "metric", "yAxisExpressions": [], "ignoreOutliers": False, "useGlobalXaxisKey": True,
+              "useGlobalLineSmoothing": True}
+"""A metric's line chart over steps as the MLflow 3.17 UI stores one (its `RunsChartsLineCardConfig`)."""
+
+
+def share_children_view(parent_run_id: str, group_by: list[str], section: str, metrics: list[str]) -> str:
+    """Link to the MLflow UI's chart view of a parent run's children (a sweep's runs): one series per child in
+    every chart, first a section `section` of `metrics`, then the UI's own chart of every other metric. The view
+    is stored on the experiment as the UI's Share button stores one: the runs filtered on the parent and grouped
+    by the params in `group_by`, which the children differ in and the parent lacks (filtered alone, the
+    children stay folded under their parent and the charts are empty)."""
+    client = configure()
+    experiment_id = client.get_run(parent_run_id).info.experiment_id
+    view = {"searchFilter": f"tags.mlflow.parentRunId = '{parent_run_id}'", "runsHiddenMode": "SHOW_ALL",
+            "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "param", "groupByData": key} for key in group_by]},
+            "useGroupedValuesInCharts": False,  # each run its own series, not its group's mean
+            "isAccordionReordered": True,  # `section` first, not sorted among the generated ones
+            "compareRunSections": [{"uuid": "first", "name": section, "display": True, "isReordered": False, "deleted": False}],
+            "compareRunCharts": [{**LINE_CHART, "uuid": f"first-{i}", "metricSectionId": "first", "metricKey": key}
+                                 for i, key in enumerate(metrics)]}
+    client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG + parent_run_id, json.dumps(view))
+    return f"{ui_url()}/#/experiments/{experiment_id}/runs?viewStateShareKey={parent_run_id}&compareRunsMode=CHART&{UI_VIEW}"
 
 
 def metric_series(run_id: str, key: str) -> list[tuple[int, float]]:

@@ -20,7 +20,7 @@ import polars as pl
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from memalpha.config import GRPOConfig, RunConfig
+from memalpha.config import GRPOConfig, RewardConfig, RunConfig
 from memalpha.errors import NoTrainingStep
 from memalpha.training.checkpoint import (
     ADAPTER,
@@ -109,8 +109,10 @@ def run_description(config: RunConfig, metrics: dict[str, float] | None = None) 
 
 @task(name="close-mlflow-run", cache_policy=NO_CACHE)
 def close_run(run_id: str, status: str = "FINISHED", config: RunConfig | None = None) -> None:
-    """Mark the MLflow run finished (or failed); with `config`, its description gets the result."""
+    """Plot what the run logged, whatever its steps and status, and mark it finished (or failed); with `config`,
+    its description gets the result."""
     client = tracking.configure()
+    plots.log_training_plots(run_id)
     if config is not None:
         tracking.set_tags(run_id, {tracking.DESCRIPTION_TAG: run_description(config, client.get_run(run_id).data.metrics)})
     client.set_terminated(run_id, status=status)
@@ -126,6 +128,18 @@ def _stage_step(run_dir: Path, result, seconds: float) -> None:
     result.samples.write_parquet(folder / "samples.parquet")
     (folder / "memories.json").write_text(json.dumps(result.memories, default=str))
     (folder / "trace.json").write_text(json.dumps(result.trace, default=str))
+
+
+def weighted_terms(reward: RewardConfig, metrics: dict[str, float]) -> dict[str, float]:
+    """beta r3 and gamma g r4 as the total reward counts them, in training, held-out and warm-start metrics: the
+    terms a reward weighting scales, so a sweep's charts show what each weighting adds to the reward."""
+    out = {}
+    for prefix in ("", "eval/", "warm_start/eval/"):
+        if f"{prefix}rewards/r3/mean" in metrics:
+            out[f"{prefix}rewards/beta_r3/mean"] = reward.beta * metrics[f"{prefix}rewards/r3/mean"]
+        if f"{prefix}rewards/r4_gated/mean" in metrics:
+            out[f"{prefix}rewards/gamma_r4_gated/mean"] = reward.gamma * metrics[f"{prefix}rewards/r4_gated/mean"]
+    return out
 
 
 def _rollout_key(samples: pl.DataFrame) -> list[str]:
@@ -198,8 +212,8 @@ def _tag_best(run_dir: Path, run_id: str, metrics: dict[str, float]) -> None:
 
 
 def _log_warm_start_check(run_id: str, record: dict) -> None:
-    """The held-out check of the warm start (`warm_start/*` of the first step) also as step 0 of the eval/* and
-    best/* curves, which then start where GRPO started; once."""
+    """The held-out check of the warm start (`warm_start/*` of the first step, or of a run the time budget
+    ended before it) also as step 0 of the eval/* and best/* curves, which then start where GRPO started; once."""
     before = {k.removeprefix("warm_start/"): v for k, v in record["metrics"].items() if k.startswith("warm_start/")}
     if before and 0 not in tracking.logged_steps(run_id, tracking.VALIDATION_KEY):
         tracking.log_step_metrics(run_id, 0, before, record["time_ms"])
@@ -292,6 +306,7 @@ def _train_steps(config: RunConfig, path: Path, first: int, last: int, started: 
         nonlocal previous
         now = time.perf_counter()
         if trainer.world.main:
+            result.metrics.update(weighted_terms(config.reward, result.metrics))
             _stage_step(path, result, now - previous)
             progress(result)
             _maybe_fail(path, result.step)
@@ -327,7 +342,7 @@ def _launch(processes: int, config: RunConfig, path: Path, first: int, last: int
                            + "\n".join(tail))
     outcome = json.loads(out.read_text())
     if NO_TRAINING_STEP in outcome:
-        raise NoTrainingStep(outcome[NO_TRAINING_STEP])
+        raise NoTrainingStep(outcome[NO_TRAINING_STEP], outcome["held_out"])
     return outcome
 
 
@@ -352,6 +367,7 @@ def train_block(config: RunConfig, run_dir: str, run_id: str, first: int, last: 
     except NoTrainingStep as error:
         logger.error("%s", error)
         tracking.set_tags(run_id, {tracking.TIME_BUDGET_TAG: str(error)})
+        _log_warm_start_check(run_id, {"metrics": error.held_out, "time_ms": tracking.now_ms()})
         raise
     checkpoint = Path(outcome["checkpoint"])
     if outcome["budget_stop"]:
@@ -375,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         outcome = _train_steps(RunConfig.model_validate_json(Path(config_file).read_text()), Path(run_dir), int(first),
                                int(last), float(started), lambda line: print(line, flush=True))
     except NoTrainingStep as error:  # every rank raises it; `_launch` raises it again, for the task not to retry
-        outcome = {NO_TRAINING_STEP: str(error)}
+        outcome = {NO_TRAINING_STEP: str(error), "held_out": error.held_out}
     if init_world().main:
         Path(out).write_text(json.dumps(outcome))
     return 0
@@ -429,7 +445,7 @@ def adopt_shipped_writer(run_dir: str, run_id: str, adapter: str) -> dict[str, A
 
 
 @task(name="register-model", cache_policy=NO_CACHE, retries=1)
-def register_model(config: RunConfig, run_dir: str, run_id: str, checkpoint: str, register: bool = True) -> dict[str, Any]:
+def register_model(config: RunConfig, run_dir: str, run_id: str, checkpoint: str) -> dict[str, Any]:
     """Log the adapter the trainer selected on validation QA (run_dir/best; the final `checkpoint`'s when
     the run never evaluated) as the memory-writer pyfunc model (`serving/`: base model, adapter with its
     record, config) and register a new version; alias it `champion` when its validation score beats the
@@ -446,13 +462,10 @@ def register_model(config: RunConfig, run_dir: str, run_id: str, checkpoint: str
     adapter = path / BEST / ADAPTER if best else policy_adapter(checkpoint)
     policy = load_policy(config.model, adapter=adapter, trainable=False, seed=config.grpo.seed)
     base = _base_model_path(config, policy, path)
-    name = config.tracking.registered_model if register else None
+    name = config.tracking.registered_model
     with_record = record.with_writer_record(adapter, path / "registered-adapter", config)
     info = log_writer_model(run_id, with_record, base, config.model_dump(mode="json"), name)
     outcome: dict[str, Any] = {"model_uri": info.model_uri, "base_model_path": base}
-    outcome["plots"] = plots.log_training_plots(run_id)
-    if name is None:
-        return outcome
     version = str(info.registered_model_version)
     key = tracking.VALIDATION_KEY
     score = best["score"] if best else client.get_run(run_id).data.metrics.get(key)

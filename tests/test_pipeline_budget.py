@@ -1,6 +1,6 @@
 """The `grpo` flow when its time budget leaves no GRPO step: the flow run fails instead of finishing
 "successfully" with nothing trained, says why (load average, how to give it more time), tags the MLflow run
-with it, does not retry the block, and registers nothing."""
+with it and its held-out check of the starting policy, does not retry the block, and registers nothing."""
 
 from __future__ import annotations
 
@@ -40,4 +40,6 @@ def test_a_budget_spent_before_step_one_fails_the_flow_run_and_registers_nothing
     assert run.info.status == "FAILED"
     assert run.data.tags[tracking.TIME_BUDGET_TAG].startswith("no GRPO step fits the time budget: time_budget_minutes=0.001")
     assert tracking.logged_steps(run.info.run_id) == set()
+    # the starting policy's held-out check, made before the budget ran out, is on the run all the same
+    assert [m.step for m in client.get_metric_history(run.info.run_id, tracking.VALIDATION_KEY)] == [0]
     assert client.search_model_versions("name = 'budget-policy'") == []  # no model, so no champion

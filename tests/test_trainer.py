@@ -168,6 +168,7 @@ def test_a_time_budget_ends_training_at_the_last_step_that_fits_and_evaluates_it
     assert re.search(r"10m 00s since the run began, .* load average [0-9.]+, [0-9.]+, [0-9.]+ on \d+ CPUs", message), message
     assert "`--set time_budget_minutes=15`; `MEMALPHA_TRAIN_MINUTES=15 make train`" in message
     assert results == [] and late.step == 0 and not (late.run_dir / "checkpoints").exists()
+    assert "warm_start/eval/qa_score" in error.value.held_out  # the check it made, for the run to show
     assert said[0].startswith("held-out check of the warm start: measuring it, as ") and "no record.json" in said[0]
     assert any(line.startswith("held-out check at step 0: ") and "ETA" in line for line in said)
     assert said[-1].startswith("held-out QA of the warm start: ")

@@ -206,7 +206,7 @@ class Trainer:
         if before:
             self._tell(f"held-out QA of the warm start: {before['warm_start/eval/qa_score']:.3f}")
         if self.step == 0:
-            self._check_first_step()
+            self._check_first_step(before)
         started = time.perf_counter()  # after the warm start's check: step times predict the next step's (`out_of_time`)
         instances = self._next_instances()
         shard = self.world.shard(instances)
@@ -264,9 +264,10 @@ class Trainer:
                 fh.write(json.dumps({"step": self.step, **metrics}) + "\n")
         return StepResult(self.step, metrics, frame, memories, batch.trace)
 
-    def _check_first_step(self) -> None:
-        """Before step 1: a time budget the warm start and its held-out check spent leaves no GRPO step, and
-        the run fails saying so (every rank takes the same branch). Later, the budget stops between steps."""
+    def _check_first_step(self, held_out: dict[str, float]) -> None:
+        """Before step 1: a time budget the warm start and its held-out check (`held_out`, rank 0's) spent leaves
+        no GRPO step, and the run fails saying so (every rank takes the same branch). Later, the budget stops
+        between steps."""
         deadline = self.config.deadline(self.started)
         if not self.world.any(deadline is not None and time.time() > deadline):
             return
@@ -278,7 +279,7 @@ class Trainer:
             f"({duration(spent)} since the run began, on the warm start and its held-out check; load average {load} "
             f"on {os.cpu_count()} CPUs), so nothing was trained. Give it more time: time_budget_minutes={more} "
             f"(`--set time_budget_minutes={more}`; `MEMALPHA_TRAIN_MINUTES={more} make train`), or null for no "
-            "limit, or run it on a less loaded machine")
+            "limit, or run it on a less loaded machine", held_out)
 
     def _tell(self, line: str) -> None:
         (self.say or log.info)(line)
