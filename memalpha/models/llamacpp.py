@@ -208,7 +208,8 @@ def served_policy(model_cfg, schema, adapter: str | Path | None = None) -> Serve
             raise UserError(f"rollout.engine=llamacpp: {adapter} is not the writer exported in {writer_dir()}; run "
                             f"`memalpha export {adapter}`, then `bash infra/servers.sh stop-llama writer; bash "
                             "infra/servers.sh start-llama writer`")
-        policy = ServedPolicy("writer", load_tokenizer(resolve_model_path(export["policy"])), grammar)
+        # the tokenizer of model.policy: where the writer is served from the registry, its base model artifact
+        policy = ServedPolicy("writer", load_tokenizer(resolve_model_path(model_cfg.policy)), grammar)
     policy.check()
     return policy
 
