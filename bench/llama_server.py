@@ -35,8 +35,8 @@ def local_llama_server(state: Path, name: str, offset: int = 100, **extra_env: s
     env = {**os.environ, "MEMALPHA_STATE": str(state), OFFSET: str(offset), **extra_env}
     previous = os.environ.get(OFFSET)
     os.environ[OFFSET] = str(offset)
-    started = _servers("start-llama", name, env=env)
     try:
+        started = _servers("start-llama", name, env=env)
         if started.returncode != 0:
             raise RuntimeError(f"infra/servers.sh start-llama {name} failed:\n{started.stdout}\n{started.stderr}")
         yield {"url": server_url(name), "pid": int((state / f"llama-{name}.pid").read_text()),

@@ -274,7 +274,7 @@ case "${1:-}" in
         status_one vllm "http://127.0.0.1:$VLLM_PORT" vllm_healthy || true
         status_one serve "http://127.0.0.1:$SERVE_PORT/invocations" serve_healthy || true
         for service in $(llama_services); do
-            llama_port_now="$(llama_port "${service#llama-}")"
+            llama_port_now="$(llama_port "${service#llama-}")" || continue
             llama_check() { llama_healthy "$llama_port_now"; }
             status_one "$service" "http://127.0.0.1:$llama_port_now/v1" llama_check || true
         done

@@ -137,7 +137,8 @@ class MemoryWriterModel(PythonModel):
 
         config = RunConfig.model_validate(json.loads(open(context.artifacts["config"]).read()))
         if os.environ.get(ENGINE_ENV):  # `make serve ENGINE=llamacpp`: the adapter's export on its llama.cpp server
-            config = config.model_copy(update={"rollout": config.rollout.model_copy(update={"engine": os.environ[ENGINE_ENV]})})
+            rollout = type(config.rollout).model_validate({**config.rollout.model_dump(), "engine": os.environ[ENGINE_ENV]})
+            config = config.model_copy(update={"rollout": rollout})  # validated: an unknown engine fails at load
         self.writer = MemoryWriter(context.artifacts["adapter"], config, base_model=context.artifacts.get("base_model"))
         self.batcher = RequestBatcher(self.writer.write)
         short_scoring_errors()  # the scoring server loads the model before it serves

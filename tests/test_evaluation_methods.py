@@ -214,3 +214,19 @@ def test_split_all_evaluates_every_instance_and_the_default_says_what_it_covered
     assert "10 of 10 instances of the whole dataset (every split)" in capsys.readouterr().out
     evaluated = pl.read_csv(tmp_path / "all" / "instances.csv")["instance_id"].to_list()
     assert sorted(evaluated) == sorted(i.instance_id for i in instances)
+
+
+def test_oracle_evidence_hands_the_reader_the_gold_turns():
+    from memalpha.config import load_config
+    from memalpha.data.schema import Instance, Question
+    from memalpha.evaluation.methods import EvalEnv, make_method
+    from memalpha.tokens import regex_token_count
+
+    chunks = ["Maya: I adopted a cat. Her name is Pepper.", "Tom: my sister Lena is moving to Lisbon."]
+    questions = [Question("q0", "What is the name of Maya's cat?", ["Pepper"], "single_hop", [0]),
+                 Question("q1", "Where is Lena moving?", ["Lisbon"], "single_hop", [1])]
+    instance = Instance("oracle", "locomo", "accurate_retrieval", chunks, questions, metadata={"evidence_turns": {
+        "q0": [{"chunk": 0, "speaker": "Maya", "date": "2024-03-02", "text": "Her name is Pepper."}]}})
+    built = make_method("oracle_evidence", EvalEnv(load_config(None), regex_token_count)).build([instance], 0)[0]
+    assert built.contexts == ["2024-03-02, Maya: Her name is Pepper.", chunks[1]], "turns where known, else the chunk"
+    assert built.memory_tokens == regex_token_count("\n".join(built.contexts)), "the evidence it shows"

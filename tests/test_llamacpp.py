@@ -1,7 +1,6 @@
 """llama.cpp as an engine, on the real `llama-server` (`make llm` builds it) and the real packaged models:
 the GGUFs joined from their part wheels and checked by sha256, the server's life cycle through
-`infra/servers.sh`, grammar-constrained tool calls, the LLM reader, the prompted `llm_writer` method, the
-reader's ceiling (`oracle_evidence`), and a trained writer exported to GGUF and written with on llama.cpp."""
+`infra/servers.sh`, grammar-constrained tool calls, the LLM reader, the prompted `llm_writer` method, and a trained writer exported to GGUF and written with on llama.cpp."""
 
 from __future__ import annotations
 
@@ -70,19 +69,16 @@ def test_the_grammar_forces_valid_calls_and_caps_them(server):
         assert len(completion["logps"]) == len(completion["tokens"]) and all(lp <= 0 for lp in completion["logps"])
 
 
-def test_the_llm_reader_answers_from_its_context_and_a_dead_server_is_a_clear_error(server):
+def test_the_llm_reader_answers_from_its_context_and_a_dead_server_is_a_clear_error(server, monkeypatch):
     config = load_config(None, [f"model.reader={READER}"])
     reader = make_reader(config.model)
     items = [ReaderItem("Maya: I adopted a cat, her name is Pepper.", Question("q0", "What is the name of Maya's cat?", ["Pepper"], "single_hop")),
              ReaderItem("Tom: my sister Lena is moving to Lisbon.", Question("q1", "Where is Lena moving?", ["Lisbon"], "single_hop"))]
     answers = reader.answer(items)
     assert "Pepper" in answers[0] and "Lisbon" in answers[1]
-    os.environ["MEMALPHA_LLAMA_PORT_OFFSET"] = "150"  # no server there
-    try:
-        with pytest.raises(UserError, match=rf"start-llama {READER}"):
-            make_reader(config.model)
-    finally:
-        os.environ["MEMALPHA_LLAMA_PORT_OFFSET"] = "100"
+    monkeypatch.setenv("MEMALPHA_LLAMA_PORT_OFFSET", "150")  # no server there
+    with pytest.raises(UserError, match=rf"start-llama {READER}"):
+        make_reader(config.model)
 
 
 def probe_instance() -> Instance:
@@ -103,17 +99,6 @@ def test_the_prompted_llm_writer_writes_memory_through_the_tools(server):
     assert len(built.contexts) == 10 and built.memory_tokens > 0
 
 
-def test_oracle_evidence_hands_the_reader_the_gold_turns():
-    instance = probe_instance()
-    instance.metadata["evidence_turns"] = {"q0": [{"chunk": 0, "speaker": "Maya", "date": "2024-03-02",
-                                                   "text": "Her name is Pepper."}]}
-    config = load_config(None)
-    env = EvalEnv(config, tokenizer_counter(loading.load_tokenizer(str(loading.default_model_dir()))))
-    built = make_method("oracle_evidence", env).build([instance], 0)[0]
-    assert built.contexts[0] == "2024-03-02, Maya: Her name is Pepper."
-    assert built.contexts[9] == instance.chunks[1], "without turns, the evidence chunks"
-
-
 def test_an_exported_writer_writes_on_llama_cpp_as_on_hf(tmp_path, monkeypatch):
     from memalpha.writer import MemoryWriter, parse_conversation
 
@@ -126,15 +111,16 @@ def test_an_exported_writer_writes_on_llama_cpp_as_on_hf(tmp_path, monkeypatch):
     conversation = parse_conversation({**PROBE, "questions": []})
     config = load_config(None, ["rollout.engine=llamacpp", "rollout.max_completion_length=96"])
     monkeypatch.setenv("MEMALPHA_LLAMA_WRITER", str(out))
-    with pytest.raises(UserError, match="memalpha export"):  # the server's export is not this adapter
-        served_policy(config.model, config.memory.schema(), REPO / "adapters" / "writer")
     with local_llama_server(tmp_path / "state", "writer") as srv:
+        with pytest.raises(UserError, match="memalpha export"):  # the server's export is not this adapter
+            served_policy(config.model, config.memory.schema(), REPO / "adapters" / "writer")
         llama = MemoryWriter(REPO / "adapters" / "warm-start", config).write([conversation])[0]
         hf = MemoryWriter(REPO / "adapters" / "warm-start", config.model_copy(update={
             "rollout": config.rollout.model_copy(update={"engine": "hf"})})).write([conversation])[0]
         entries = [e for k in ("semantic", "episodic") for e in llama[k]]
         assert entries, "the exported writer stores something of a chat full of facts"
         hf_entries = {e for k in ("semantic", "episodic") for e in hf[k]}
+        assert len(hf_entries) >= 2, hf
         # Q4_1 weights in both; greedy paths may part after a near-tie, so most entries, not all, agree
         assert len(set(entries) & hf_entries) >= len(hf_entries) // 2, (entries, hf_entries)
         os.kill(srv["pid"], signal.SIGKILL)

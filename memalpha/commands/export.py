@@ -21,19 +21,17 @@ def register(subparsers) -> None:
                         help="the writer: an adapter folder (default: the shipped adapters/writer), a run or checkpoint "
                              "folder, or a downloaded model folder")
     parser.add_argument("--out", help="export folder (default: <cache>/llama.cpp/writer, what the `writer` server serves)")
-    parser.add_argument("--policy", help="the adapter's base model (default: model.policy of the defaults)")
+    parser.add_argument("--policy", help="the adapter's base model (default: a registered model's own, else model.policy of the defaults)")
     parser.set_defaults(handler=run)
 
 
 def base_gguf(policy: str, hf_dir: str, out: Path) -> Path:
     """A GGUF of the base weights the adapter was trained on: the packaged GGUF the trainer's weights were
     dequantised from (the same weights), else the HF folder converted to bf16."""
-    from memalpha.models.loading import LLM_MODELS, PACKAGED_POLICIES, llm_gguf, packaged_gguf
+    from memalpha.models.loading import PACKAGED_POLICIES, packaged_gguf
 
     if policy in PACKAGED_POLICIES:
         return packaged_gguf(policy)
-    if policy in LLM_MODELS:
-        return llm_gguf(policy)
     target = out / "base-bf16.gguf"
     convert("convert_hf_to_gguf.py", ["--outtype", "bf16", "--outfile", str(target), hf_dir])
     return target
@@ -79,12 +77,16 @@ def export(adapter: Path, out: Path, policy: str) -> dict:
 
 def run(args) -> int:
     from memalpha.config import load_config
-    from memalpha.evaluation.methods import resolve_adapter
+    from memalpha.evaluation.methods import MLMODEL, model_artifacts, resolve_adapter
     from memalpha.models.llamacpp import writer_dir
 
     adapter = resolve_adapter(args.model)
     out = Path(args.out) if args.out else writer_dir()
-    manifest = export(adapter, out, args.policy or load_config(None).model.policy)
-    print(f"exported {adapter} to {out} in {manifest['seconds']} s (base {manifest['base_gguf']}, "
-          f"LoRA {manifest['lora_gguf']}); serve it with `bash infra/servers.sh start-llama writer`")
+    policy = args.policy
+    if policy is None and (config := model_artifacts(Path(args.model)).get("config") if (Path(args.model) / MLMODEL).is_file() else None):
+        policy = json.loads(config.read_text())["model"]["policy"]  # a registered writer names its own base
+    manifest = export(adapter, out, policy or load_config(None).model.policy)
+    print(f"exported {adapter} to {out} in {manifest['seconds']} s (base {manifest['base_gguf']}, LoRA "
+          f"{manifest['lora_gguf']}); serve it with `bash infra/servers.sh stop-llama writer; bash infra/servers.sh "
+          "start-llama writer`")
     return 0

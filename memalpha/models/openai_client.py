@@ -13,10 +13,11 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from memalpha.config import ModelConfig
+from memalpha.errors import ServiceError
 from memalpha.text import encodable
 
 
-class EndpointError(RuntimeError):
+class EndpointError(ServiceError):
     """The endpoint is unreachable or answered with an error or an unexpected body."""
 
 
@@ -31,6 +32,7 @@ class OpenAIChatClient:
         api_key_env: str = "OPENAI_API_KEY",
         timeout: float = 60.0,
         concurrency: int = 8,
+        start_hint: str = "start the server or fix model.openai_base_url",
     ):
         if not model:
             raise ValueError("model.openai_model is empty: name the model the endpoint serves")
@@ -39,6 +41,7 @@ class OpenAIChatClient:
         self.api_key_env = api_key_env
         self.timeout = timeout
         self.concurrency = max(1, concurrency)
+        self.start_hint = start_hint
 
     @classmethod
     def from_config(cls, model_cfg: ModelConfig) -> OpenAIChatClient:
@@ -66,8 +69,7 @@ class OpenAIChatClient:
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
             reason = getattr(exc, "reason", exc)
             raise EndpointError(
-                f"cannot reach the OpenAI-compatible endpoint {self.url} ({reason}); "
-                "start the server or fix model.openai_base_url"
+                f"cannot reach the OpenAI-compatible endpoint {self.url} ({reason}); {self.start_hint}"
             ) from None
         try:
             content = json.loads(payload)["choices"][0]["message"]["content"]

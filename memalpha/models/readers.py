@@ -236,6 +236,7 @@ def make_reader(model_cfg: ModelConfig, policy=None) -> Reader:
     if model_cfg.reader in LLM_MODELS:
         llamacpp.check_server(model_cfg.reader)
         client = OpenAIChatClient(llamacpp.server_url(model_cfg.reader) + "/v1", model_cfg.reader,
-                                  timeout=llamacpp.REQUEST_TIMEOUT_S, concurrency=2 * llamacpp.PARALLEL)
+                                  timeout=llamacpp.REQUEST_TIMEOUT_S, concurrency=2 * llamacpp.PARALLEL,
+                                  start_hint=f"restart it with `bash infra/servers.sh start-llama {model_cfg.reader}`")
         return OpenAIReader(client, model_cfg.reader_max_new_tokens)
     raise ValueError(f"model.reader: unknown reader {model_cfg.reader!r}")

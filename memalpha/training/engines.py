@@ -83,8 +83,11 @@ def sample(policy, prompts: list[list[int]], rcfg: RolloutConfig, *, copies: int
 
 
 def check_engine(rcfg: RolloutConfig, policy: str) -> None:
-    """Fail early, with what to do, when `rollout.engine=vllm` has no server or one serving another model
-    than `policy` (model.policy)."""
+    """Fail early, with what to do, when a training run asks for `rollout.engine=llamacpp` (it writes with a
+    served writer, not the run's policy), or `vllm` has no server or one serving another model than `policy`."""
+    if rcfg.engine == "llamacpp":
+        raise UserError("rollout.engine=llamacpp writes and evaluates (a packaged LLM or a `memalpha export`); "
+                        "training samples on hf or vllm")
     if rcfg.engine == "vllm":
         from memalpha.models.loading import resolve_model_path
 
@@ -117,13 +120,13 @@ def llamacpp_generate(policy, prompts: list[list[int]], rcfg: RolloutConfig, *, 
     start = time.perf_counter()
     jobs = [{"prompt": prompt, "max_tokens": rcfg.max_completion_length, "temperature": 0.0 if greedy else rcfg.temperature,
              "top_p": 1.0 if greedy else rcfg.top_p, "seed": int(seed), "copies": 1 if greedy else copies,
-             "grammar": None if to_cap else policy.grammar, "logprobs": True, "ignore_eos": to_cap} for prompt, seed in zip(prompts, _seeds(len(prompts), greedy, generator))]
+             "grammar": None if to_cap else policy.grammar, "ignore_eos": to_cap} for prompt, seed in zip(prompts, _seeds(len(prompts), greedy, generator))]
     answers = policy.client.complete_many(jobs)
     out = Generation([], [], [], decode_s=time.perf_counter() - start, prefilled_prompts=len({tuple(p) for p in prompts}))
     for completions in answers:
         for c in completions * copies if greedy else completions:  # greedy copies are identical: asked once
             out.completion_ids.append(c["tokens"])
-            out.logps.append(c["logps"])
+            out.logps.append([0.0] * len(c["tokens"]))  # not asked: only an update reads them, and it recomputes
             out.truncated.append(not c["stopped"])
     return out
 
