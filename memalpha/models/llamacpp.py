@@ -46,7 +46,7 @@ class LlamaServerError(ServiceError):
 def server_binary() -> Path:
     path = cache_dir() / "llama.cpp" / LLAMA_CPP_VERSION / "bin" / "llama-server"
     if not path.is_file():
-        raise UserError(f"{path} is missing: build llama.cpp with `make llm` (bash infra/llama_cpp.sh, ~13 min once)")
+        raise UserError(f"{path} is missing: build llama.cpp with `make llm` (bash infra/llama_cpp.sh, 5-7 min once)")
     return path
 
 
