@@ -38,7 +38,7 @@ ENGINES = ("hf", "vllm")
 STEPS = 3
 
 
-def _throughput(policy, config, prompts: list[list[int]], engine: str) -> dict[str, float]:
+def _throughput(policy, config, prompts: list[list[int]], engine: str, batches=BATCHES) -> dict[str, float]:
     from memalpha.training import engines
 
     G = config.rollout.num_generations
@@ -47,7 +47,7 @@ def _throughput(policy, config, prompts: list[list[int]], engine: str) -> dict[s
     out: dict[str, float] = {}
     with engines.sampling(policy, rcfg):
         engines.sample(policy, prompts[:1], rcfg, copies=2, greedy=False, generator=generator, eos_token_ids=[])  # warm-up
-        for n in BATCHES:
+        for n in batches:
             start = time.perf_counter()
             gen = engines.sample(policy, prompts[: n // G], rcfg, copies=G, greedy=False, generator=generator,
                                  eos_token_ids=[])
@@ -73,7 +73,7 @@ def _step_seconds(config, warm_start: Path) -> float:
 
 def _rows_32(policy, config, prompts: list[list[int]], engine: str) -> float:
     """tokens/s of B*G = 32 rows of 48 new tokens on `engine` (after a warm-up call)."""
-    return _throughput(policy, config, prompts, engine)["32"]
+    return _throughput(policy, config, prompts, engine, batches=(32,))["32"]
 
 
 def _rollouts_32(config, warm_start: Path, dtype: str) -> dict[str, dict[str, float]]:
