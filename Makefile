@@ -106,9 +106,10 @@ up: setup
 	MEMALPHA_VLLM=$(VLLM) MEMALPHA_DB=$(DB) bash infra/servers.sh start
 
 # the registered memory writer (models:/memalpha-policy@champion) behind `mlflow models serve` on 127.0.0.1:5001;
-# ENGINE=llamacpp writes with its GGUF export on a llama.cpp server (after `make llm`)
+# ENGINE=llamacpp writes with its GGUF export on a llama.cpp server, READER=qwen2.5-coder-1.5b answers the
+# questions with that LLM on its own llama.cpp server (both after `make llm`)
 serve: up
-	MEMALPHA_SERVE_ENGINE=$(ENGINE) bash infra/servers.sh start-serve
+	MEMALPHA_SERVE_ENGINE=$(ENGINE) MEMALPHA_SERVE_READER=$(READER) bash infra/servers.sh start-serve
 
 down:
 	bash infra/servers.sh stop

@@ -161,12 +161,16 @@ start_serve() {
         stop_one llama-writer >/dev/null
         start_llama writer
     fi
+    # a packaged LLM reader answers the requests' questions from its own llama.cpp server
+    if [[ -n "${MEMALPHA_SERVE_READER:-}" ]] && llama_port "$MEMALPHA_SERVE_READER" >/dev/null 2>&1; then
+        start_llama "$MEMALPHA_SERVE_READER"
+    fi
     # --env-manager local: the project's environment already holds everything the model needs
     # the scoring server execs `uvicorn` from PATH
     # a request writes every chunk of its conversations: MLflow's 60 s default would cut long ones
     launch serve env MLFLOW_TRACKING_URI="http://127.0.0.1:$MLFLOW_PORT" PATH="$REPO/.venv/bin:$PATH" \
         MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT="${MEMALPHA_SERVE_TIMEOUT:-1800}" \
-        MEMALPHA_WRITER_ENGINE="${MEMALPHA_SERVE_ENGINE:-}" \
+        MEMALPHA_WRITER_ENGINE="${MEMALPHA_SERVE_ENGINE:-}" MEMALPHA_WRITER_READER="${MEMALPHA_SERVE_READER:-}" \
         "$REPO/.venv/bin/mlflow" models serve \
         -m "$SERVE_MODEL" --env-manager local -h 127.0.0.1 -p "$SERVE_PORT" --workers 1
     START_TIMEOUT="${MEMALPHA_SERVE_START_TIMEOUT:-300}" wait_healthy serve serve_healthy

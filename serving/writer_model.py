@@ -32,6 +32,8 @@ MAX_REQUEST_CHARS = 2_000_000
 """Most characters of conversation one request may carry (about 500K tokens, a Mem-alpha evaluation instance)."""
 ENGINE_ENV = "MEMALPHA_WRITER_ENGINE"
 """Overrides the logged config's rollout.engine where the model is served (`llamacpp`: infra/servers.sh start-serve)."""
+READER_ENV = "MEMALPHA_WRITER_READER"
+"""Overrides the logged config's model.reader, the reader of the questions a request asks (`make serve READER=...`)."""
 MAX_ERROR_CHARS = 1000
 """Most characters of an error message the server answers with."""
 
@@ -135,10 +137,7 @@ class MemoryWriterModel(PythonModel):
         from memalpha.config import RunConfig
         from memalpha.writer import MemoryWriter
 
-        config = RunConfig.model_validate(json.loads(open(context.artifacts["config"]).read()))
-        if os.environ.get(ENGINE_ENV):  # `make serve ENGINE=llamacpp`: the adapter's export on its llama.cpp server
-            rollout = type(config.rollout).model_validate({**config.rollout.model_dump(), "engine": os.environ[ENGINE_ENV]})
-            config = config.model_copy(update={"rollout": rollout})  # validated: an unknown engine fails at load
+        config = served_config(RunConfig.model_validate(json.loads(open(context.artifacts["config"]).read())))
         self.writer = MemoryWriter(context.artifacts["adapter"], config, base_model=context.artifacts.get("base_model"))
         self.batcher = RequestBatcher(self.writer.write)
         short_scoring_errors()  # the scoring server loads the model before it serves
@@ -156,6 +155,25 @@ class MemoryWriterModel(PythonModel):
         except WriteInputError as exc:
             raise MlflowException(_short(str(exc)), INVALID_PARAMETER_VALUE) from None
         return self.batcher(conversations)
+
+
+def served_config(config):
+    """The logged config with where-it-is-served overrides: `ENGINE_ENV` (`make serve ENGINE=llamacpp`: the
+    adapter's export on its llama.cpp server) and `READER_ENV` (`make serve READER=qwen2.5-coder-1.5b`).
+    Validated: an unknown engine or reader fails when the model loads, naming the variable."""
+    from pydantic import ValidationError
+
+    from memalpha.errors import UserError
+
+    for env, section, field in ((ENGINE_ENV, "rollout", "engine"), (READER_ENV, "model", "reader")):
+        if os.environ.get(env):
+            part = getattr(config, section)
+            try:
+                part = type(part).model_validate({**part.model_dump(), field: os.environ[env]})
+            except ValidationError as exc:
+                raise UserError(f"{env}={os.environ[env]!r}: {exc.errors()[0]['msg']}") from None
+            config = config.model_copy(update={section: part})
+    return config
 
 
 def _clean(item: Any) -> Any:

@@ -266,3 +266,19 @@ def test_write_progress_says_writing_goes_on_during_a_long_call():
         progress(4)
     assert any(line.startswith("w: 0/4 chunks | writing the next ones") for line in lines)
     assert lines[-1].startswith("w: 4/4 chunks |") and "ETA 0s" in lines[-1]
+
+
+def test_where_it_is_served_the_engine_and_reader_can_change_and_a_bad_one_is_named(monkeypatch):
+    from memalpha.errors import UserError
+    from serving.writer_model import ENGINE_ENV, READER_ENV, served_config
+
+    config = load_config(ROOT / "configs" / "tiny.yaml")
+    assert served_config(config) == config
+    monkeypatch.setenv(ENGINE_ENV, "llamacpp")
+    monkeypatch.setenv(READER_ENV, "qwen2.5-coder-1.5b")
+    served = served_config(config)
+    assert (served.rollout.engine, served.model.reader) == ("llamacpp", "qwen2.5-coder-1.5b")
+    assert served.model.policy == config.model.policy
+    monkeypatch.setenv(READER_ENV, "gpt-9")
+    with pytest.raises(UserError, match="MEMALPHA_WRITER_READER='gpt-9'"):
+        served_config(config)
