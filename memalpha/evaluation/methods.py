@@ -359,13 +359,21 @@ LLM_WRITER_COMPLETION_TOKENS = 384
 """An LLM writer's token cap a chunk: room for the grammar's MAX_CALLS_PER_CHUNK calls of a few dozen tokens."""
 
 
+def llm_writer_config(config: RunConfig, model: str, max_completion_length: int = LLM_WRITER_COMPLETION_TOKENS,
+                      temperature: float | None = None) -> RunConfig:
+    """`config` with the packaged LLM `model` as the writer on its llama.cpp server (`served_policy` of its
+    `model`, rollouts through `training.rollout` as any policy's), `max_completion_length` tokens a chunk and,
+    when given, its sampling `temperature` (the LLM teacher's)."""
+    rollout = {"engine": "llamacpp", "max_completion_length": max_completion_length}
+    if temperature is not None:
+        rollout["temperature"] = temperature
+    return config.model_copy(update={"model": config.model.model_copy(update={"policy": model}),
+                                     "rollout": config.rollout.model_copy(update=rollout)})
+
+
 def llm_writer(env: EvalEnv, name: str) -> PolicyMethod:
     """A packaged LLM prompted as the writer on its llama.cpp server (no adapter, greedy unless eval.temperature)."""
-    cfg = env.config
-    config = cfg.model_copy(update={
-        "model": cfg.model.model_copy(update={"policy": LLM_WRITERS[name]}),
-        "rollout": cfg.rollout.model_copy(update={"engine": "llamacpp",
-                                                  "max_completion_length": LLM_WRITER_COMPLETION_TOKENS})})
+    config = llm_writer_config(env.config, LLM_WRITERS[name])
     return PolicyMethod(EvalEnv(config, env.count_tokens, env.embedder, env.progress), name, adapter=None)
 
 

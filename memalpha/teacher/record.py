@@ -7,7 +7,8 @@ adapter instead of training it (`memalpha.teacher.warm_start.prepare_warm_start`
 
 The warm-start hash covers the SFT settings, the policy and its LoRA layout, the memory, retrieval and
 rollout budgets the demonstrations are rendered with, the data selection and seed, the demonstration
-data (its generator settings, or the data file's digest) and the writer's prompt and tool definitions.
+data (its generator settings, or the data file's digest), the writer's prompt and tool definitions, and an
+LLM teacher when one wrote the demonstrations (`teacher.llm_teacher`).
 It does not cover the rule writer's code: a change there that alters demonstrations needs
 `make warm-start` by hand (tests/test_episode.py's golden memories catch such changes).
 
@@ -77,14 +78,16 @@ def _folder_data(path: Path) -> dict[str, Any]:
     return {"synth": config_dict(WARM_START_DATA)}
 
 
-def warm_start_fields(config: RunConfig) -> dict[str, Any]:
-    """Everything the warm-start adapter depends on, as plain data (see the module docstring)."""
+def warm_start_fields(config: RunConfig, teacher: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything the warm-start adapter depends on, as plain data (see the module docstring). `teacher`: an
+    LLM teacher's description (`LLMTeacher.describe`); without one (the rule and evidence writers) the fields
+    have no teacher entry, so the recipe's hash is the one its shipped warm start was recorded with."""
     schema = config.memory.schema()
     sft = config.sft.model_dump(mode="json")
     for name in ("data_path", "mix", "init_adapter"):  # the data is described by its content below, not its folder
         sft.pop(name)
     model = config.model.model_dump(mode="json")
-    return {
+    fields = {
         "sft": sft,
         "model": {k: model[k] for k in ("policy", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")},
         "memory": config.memory.model_dump(mode="json"),
@@ -96,10 +99,13 @@ def warm_start_fields(config: RunConfig) -> dict[str, Any]:
         "prompt": writer_system_prompt(schema),
         "tools": tool_schemas(schema),
     }
+    if teacher is not None:
+        fields["teacher"] = teacher
+    return fields
 
 
-def warm_start_hash(config: RunConfig) -> str:
-    return hashlib.sha256(json.dumps(warm_start_fields(config), sort_keys=True).encode()).hexdigest()[:16]
+def warm_start_hash(config: RunConfig, teacher: dict[str, Any] | None = None) -> str:
+    return hashlib.sha256(json.dumps(warm_start_fields(config, teacher), sort_keys=True).encode()).hexdigest()[:16]
 
 
 HELD_OUT_CONFIG = ("memory.", "retrieval.", "reward.", "rollout.max_prompt_tokens", "rollout.max_completion_length",
