@@ -59,7 +59,7 @@ def test_a_run_reads_the_held_out_check_its_shipped_warm_start_records_and_measu
     config = tiny_config(data, "sft.enabled=true", "sft.eval_chunks=0")
     shipped = record.ship(random_adapter, tmp_path / "shipped", {"hash": record.warm_start_hash(config)})
     check = record_held_out_check(config, shipped)
-    assert record.read_record(shipped)[record.HELD_OUT_CHECK] == check and check["metrics"]["eval/instances"] == 2
+    assert record.read_record(shipped)[record.HELD_OUT_CHECKS] == [check] and check["metrics"]["eval/instances"] == 2
 
     def before_step_one(run_config, name):
         prepare_warm_start(run_config, tmp_path / name, shipped=shipped)
@@ -82,6 +82,13 @@ def test_a_run_reads_the_held_out_check_its_shipped_warm_start_records_and_measu
     assert said[0] == (f"held-out check of the warm start: measuring it, as {tmp_path / 'fewer' / SFT_DIR / record.RECORD_FILE} "
                        "was measured with other eval.max_instances, instances_sha256")
     assert metrics["eval/instances"] == 1
+    # recorded beside the first: both are kept, and each run reads its own
+    recorded = record_held_out_check(fewer, shipped)
+    assert [c["fields"] for c in record.read_record(shipped)[record.HELD_OUT_CHECKS]] == [check["fields"], recorded["fields"]]
+    for run_config, name in ((config, "same-again"), (fewer, "fewer-again")):
+        assert before_step_one(run_config, name)[2][0].startswith("held-out check of the warm start: read from")
+    record_held_out_check(fewer, shipped)  # measured again: it replaces the check of the same fields
+    assert len(record.read_record(shipped)[record.HELD_OUT_CHECKS]) == 2
     with pytest.raises(UserError, match=r"record.json: field 'hash'"):
         record_held_out_check(load_config(None, [f"data.train_path={data}"]), shipped)
 

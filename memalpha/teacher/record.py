@@ -12,9 +12,9 @@ LLM teacher when one wrote the demonstrations (`teacher.llm_teacher`).
 It does not cover the rule writer's code: a change there that alters demonstrations needs
 `make warm-start` by hand (tests/test_episode.py's golden memories catch such changes).
 
-The warm start's record also holds the held-out check `make train` makes of it before its first GRPO step
-(`HELD_OUT_CHECK`), with what that check depends on (`held_out_fields`), so such a run reads it instead of
-spending minutes measuring it again. It does not cover the code either: a change to rollouts, retrieval or
+The warm start's record also holds the held-out checks `make train` and `make sweep`'s children make of it
+before their first GRPO step (`HELD_OUT_CHECKS`), each with what it depends on (`held_out_fields`), so such a
+run reads its check instead of spending minutes measuring it again. It does not cover the code either: a change to rollouts, retrieval or
 scoring needs `memalpha sft --held-out-check` by hand.
 """
 
@@ -42,9 +42,9 @@ WRITER = ADAPTERS / "writer"
 RECORD_FILE = "record.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
-HELD_OUT_CHECK = "held_out_check"
-"""The record's entry {"fields": `held_out_fields`, "metrics": eval/* of `Trainer.evaluate`}: the held-out check
-of the adapter as a GRPO run makes it before its first step."""
+HELD_OUT_CHECKS = "held_out_checks"
+"""The record's list of {"fields": `held_out_fields`, "metrics": eval/* of `Trainer.evaluate`}: held-out checks
+of the adapter as GRPO runs make them before their first step, one per set of fields."""
 MAKE_TRAIN_CONFIG = repo_root() / "configs" / "default.yaml"
 """The config `make train` runs (flows.DEFAULT_CONFIG_FILE): the shipped warm start's held-out check is recorded for it."""
 

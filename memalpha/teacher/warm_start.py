@@ -166,8 +166,8 @@ def _adapter_folder(path: Path) -> Path:
 def record_held_out_check(config: RunConfig, folder: Path = record.WARM_START,
                           say: Callable[[str], None] | None = None) -> dict:
     """Measure the held-out check a GRPO run of `config` makes of the shipped warm start in `folder` before its
-    first step (`Trainer.warm_start_check`) and store it in the record (`record.HELD_OUT_CHECK`), so that such
-    a run reads it instead of measuring it again. Returns the check."""
+    first step (`Trainer.warm_start_check`) and store it in the record (`record.HELD_OUT_CHECKS`, replacing one
+    measured on the same fields), so that such a run reads it instead of measuring it again. Returns the check."""
     import tempfile
 
     from memalpha.training.trainer import Trainer
@@ -184,7 +184,8 @@ def record_held_out_check(config: RunConfig, folder: Path = record.WARM_START,
         trainer = Trainer(config, tmp)
         trainer.say = say
         check = {"fields": trainer.held_out_fields(), "metrics": trainer.evaluate("validation")}
-    kept[record.HELD_OUT_CHECK] = check
+    others = [c for c in kept.get(record.HELD_OUT_CHECKS, []) if c["fields"] != check["fields"]]
+    kept[record.HELD_OUT_CHECKS] = [*others, check]
     (Path(folder) / record.RECORD_FILE).write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
     log.info("%s: held-out check recorded, QA %.3f", folder, check["metrics"]["eval/qa_score"])
     return check

@@ -463,13 +463,15 @@ class Trainer:
         data, reader and config); one line says which, and why it is measured."""
         path = self.run_dir / SFT_DIR / record.RECORD_FILE
         kept = record.read_record(path.parent) if self.config.sft.enabled else None
-        stored = (kept or {}).get(record.HELD_OUT_CHECK)
+        stored = (kept or {}).get(record.HELD_OUT_CHECKS, [])
         fields = self.held_out_fields()
-        if stored:
-            changed = sorted(k for k in fields.keys() | stored["fields"].keys() if fields.get(k) != stored["fields"].get(k))
-            if not changed:
+        changed = []
+        for check in stored:
+            differ = sorted(k for k in fields.keys() | check["fields"].keys() if fields.get(k) != check["fields"].get(k))
+            if not differ:
                 self._tell(f"held-out check of the warm start: read from {path} (measured on the same data, reader and config)")
-                return dict(stored["metrics"])
+                return dict(check["metrics"])
+            changed = differ if not changed or len(differ) < len(changed) else changed  # the closest check says why
         why = ("sft.enabled=false: no warm start, the base policy is checked" if not self.config.sft.enabled
                else f"{path.parent} is not the shipped warm start (no {record.RECORD_FILE})" if kept is None
                else f"{path} holds none (`memalpha sft --held-out-check` records it)" if not stored
