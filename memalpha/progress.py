@@ -41,16 +41,16 @@ class StepMeter:
         ran = step - self.first
         return (time.perf_counter() - self.started) / ran if ran > 0 else None
 
-    def rate_and_eta(self, step: int, deadline: float | None = None) -> str:
+    def rate_and_eta(self, step: int, deadline: float | None = None, fit: int | None = None) -> str:
         """`s/step | ETA`; under a time budget (`deadline`, a `time.time()`) the ETA counts only the steps
-        that fit before it, and says so."""
+        that fit before it (`fit`, the trainer's count when given), and says so."""
         ran = step - self.first
         if ran <= 0:
             return "starting"
         per_step = (time.perf_counter() - self.started) / ran
         left = max(self.total - step, 0)
         if deadline is not None:
-            fit = max(int((deadline - time.time()) // per_step), 0)
+            fit = max(int((deadline - time.time()) // per_step), 0) if fit is None else fit
             if fit < left:
                 return (f"{per_step:.1f} s/step | time budget: {fit} more step{'s' if fit != 1 else ''} of {left} left"
                         + (f", ETA {duration(per_step * fit)}" if fit else ", stopping"))
@@ -77,7 +77,8 @@ def grpo_line(step: int, total: int, metrics: dict[str, float], meter: StepMeter
         line += f" | held-out QA {metrics['eval/qa_score']:.3f}"
         if warm_start_qa is not None:
             line += f" (warm start {warm_start_qa:.3f})"
-    return f"{line} | {meter.rate_and_eta(step, deadline)}"
+    fit = metrics.get("time_budget/steps_that_fit")
+    return f"{line} | {meter.rate_and_eta(step, deadline, None if fit is None else int(fit))}"
 
 
 class GRPOProgress:

@@ -260,3 +260,5 @@ def test_grpo_eta_counts_only_the_steps_the_time_budget_leaves(monkeypatch):
     assert meter.rate_and_eta(1).endswith("ETA 11m 40s")  # 7 steps left
     assert meter.rate_and_eta(1, deadline=now + 250).endswith("time budget: 2 more steps of 7 left, ETA 3m 20s")
     assert meter.rate_and_eta(1, deadline=now + 50).endswith("time budget: 0 more steps of 7 left, stopping")
+    # the trainer's count (its step times leave out the held-out checks) is what the line says
+    assert meter.rate_and_eta(1, deadline=now + 50, fit=1).endswith("time budget: 1 more step of 7 left, ETA 1m 40s")

@@ -249,8 +249,10 @@ class Trainer:
             "data/dropped_instances": float(self.dropped_instances.get("train", 0)),
         })
         step_times = [h["timing/step_s"] for h in self.history if "timing/step_s" in h] + [metrics["timing/step_s"]]
-        out_of_time = step_would_overrun(self.config.deadline(self.started), sum(step_times) / len(step_times))
-        self.out_of_time = self.world.any(out_of_time)  # every rank stops after the same step
+        deadline, mean_step = self.config.deadline(self.started), sum(step_times) / len(step_times)
+        self.out_of_time = self.world.any(step_would_overrun(deadline, mean_step))  # every rank stops after the same step
+        if deadline is not None:  # what the progress line says is what decides
+            metrics["time_budget/steps_that_fit"] = 0.0 if self.out_of_time else float((deadline - time.time()) // mean_step)
         frame, memories = samples_frame(samples), rollout_memories(batch)
         if self.world.size > 1:  # the step's metrics are the ranks' mean; rank 0 holds every rank's rollouts
             metrics = _mean_over_ranks(self.world.gather(metrics))
