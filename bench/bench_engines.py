@@ -11,11 +11,18 @@
    and the untrained Qwen2.5-Coder 0.5B, on `hf`, `vllm` and `llamacpp` (a llama-server with 4 slots serving
    the GGUF: the 135M's packaged Q4_1 base with the warm start exported as a GGUF LoRA, the 0.5B's Q5_0 file;
    hf and vLLM run the dequantised weights of the same files). Same prompts on every engine of a policy.
+4. `grpo_step_seconds` {policy: {engine: seconds, ...}}: a GRPO step of configs/default.yaml, the mean of steps 2
+   and 3, on `hf` and on `llamacpp` (rollouts on the rollout server, restarted on each step's LoRA after its
+   conversion to GGUF: memalpha.training.engines.LlamaRolloutServer), for the 135M writer from its warm start
+   and the untrained Qwen2.5-Coder 0.5B (a fresh LoRA); with the seconds of the last restart (save, convert,
+   stop, start) and the number of starts over the 3 steps (a step whose update was skipped keeps its LoRA).
 
-The server runs the policy's dtype (bf16 on a CPU with native bf16, fp32 otherwise) from `.venv-vllm`,
+The vLLM server runs the policy's dtype (bf16 on a CPU with native bf16, fp32 otherwise) from `.venv-vllm`,
 started by `infra/servers.sh start-vllm`. On a GPU machine (`make gpu-check`) both engines run on CUDA.
 
     python -m bench.run_all engines      # writes bench/results/engines.json and engines.md
+    MEMALPHA_BENCH_ENGINES_PART=rollouts_32 python -m bench.run_all engines   # part 3 alone, the rest kept
+    MEMALPHA_BENCH_ENGINES_PART=grpo_steps python -m bench.run_all engines    # part 4 alone, the rest kept
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -57,12 +65,14 @@ def _throughput(policy, config, prompts: list[list[int]], engine: str, batches=B
     return out
 
 
-def _step_seconds(config, warm_start: Path) -> float:
+def _step_seconds(config, adapter: Path | None) -> float:
+    """Mean seconds of GRPO steps 2 and 3 of `config` from `adapter` (None: a fresh LoRA)."""
     from memalpha.training.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(config.model_copy(update={"output_dir": tmp}), tmp)
-        trainer.policy.load_adapter(warm_start)
+        if adapter is not None:
+            trainer.policy.load_adapter(adapter)
         times = []
         for _ in range(STEPS):
             start = time.perf_counter()
@@ -111,6 +121,30 @@ def _rollouts_32(config, warm_start: Path, dtype: str) -> dict[str, dict[str, fl
     return out
 
 
+def _grpo_steps(config, warm_start: Path) -> dict[str, dict[str, float]]:
+    """{policy: {"hf": s, "llamacpp": s, "llamacpp_restart_s": s, "llamacpp_starts": n}}: part 4."""
+    from memalpha.training import engines
+
+    if not llama_installed():
+        raise RuntimeError("no llama-server: run `make llm` first")
+    out: dict[str, dict[str, float]] = {}
+    # the rollout server's PID file and log in a folder of its own, its port off the ones users' servers take
+    with tempfile.TemporaryDirectory() as state, \
+            mock.patch.dict(os.environ, {"MEMALPHA_STATE": state, "MEMALPHA_LLAMA_PORT_OFFSET": "100"}):
+        for name, adapter in (("smollm2-135m-instruct", warm_start), ("qwen2.5-coder-0.5b", None)):
+            policy_config = config.model_copy(update={"model": config.model.model_copy(update={"policy": name})})
+            row: dict[str, float] = {}
+            for engine in ("hf", "llamacpp"):
+                row[engine] = _step_seconds(policy_config.model_copy(update={
+                    "rollout": policy_config.rollout.model_copy(update={"engine": engine})}), adapter)
+            server = engines.llama_rollout_server()
+            row["llamacpp_restart_s"], row["llamacpp_starts"] = round(server.sync_s, 1), server.starts
+            server.close()
+            out[name] = row
+            print(f"GRPO step seconds, {name}: {row}", flush=True)
+    return out
+
+
 def run() -> dict[str, Any]:
     import json
 
@@ -122,11 +156,17 @@ def run() -> dict[str, Any]:
         raise RuntimeError("no .venv-vllm: run `make vllm` first")
     warm_start = ROOT / "adapters" / "warm-start"
     config = load_config(ROOT / "configs" / "default.yaml", ["sft.enabled=false", "grpo.eval_every=100"])
-    if os.environ.get("MEMALPHA_BENCH_ENGINES_PART") == "rollouts_32":  # only part 3; parts 1-2 kept from the last run
+    part = os.environ.get("MEMALPHA_BENCH_ENGINES_PART")
+    if part:  # one part; the others kept from the last run
         kept = json.loads((ROOT / "bench" / "results" / "engines.json").read_text())["results"]
-        dtype = kept.get("dtype", "bfloat16")
-        return {**kept, "rollouts_32": _rollouts_32(config, warm_start, dtype),
-                "rollouts_32_load_average_1m_at_start": round(os.getloadavg()[0], 2)}
+        load = round(os.getloadavg()[0], 2)
+        if part == "rollouts_32":
+            return {**kept, "rollouts_32": _rollouts_32(config, warm_start, kept.get("dtype", "bfloat16")),
+                    "rollouts_32_load_average_1m_at_start": load}
+        if part == "grpo_steps":
+            return {**kept, "grpo_step_seconds": _grpo_steps(config, warm_start),
+                    "grpo_step_seconds_load_average_1m_at_start": load}
+        raise RuntimeError(f"MEMALPHA_BENCH_ENGINES_PART={part!r}: choose rollouts_32 or grpo_steps")
     policy = load_policy(config.model, adapter=warm_start, trainable=False)
     dtype = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[policy.dtype]
     prompts = _prompts(policy, config, max(BATCHES) // config.rollout.num_generations)
@@ -165,4 +205,12 @@ def to_markdown(results: dict[str, Any]) -> str:
                   f"{results.get('rollouts_32_load_average_1m_at_start', results['load_average_1m_at_start'])} at its start)", "",
                   "| policy | " + " | ".join(engines) + " |", "|---|" + "---|" * len(engines)]
         lines += [f"| {name} | " + " | ".join(str(r.get(e, "-")) for e in engines) + " |" for name, r in rows.items()]
+    if "grpo_step_seconds" in results:
+        lines += ["", "## GRPO step seconds, hf and llama.cpp rollouts (configs/default.yaml, mean of steps 2 and 3; load "
+                  f"average {results['grpo_step_seconds_load_average_1m_at_start']} at its start)", "",
+                  "On llama.cpp a step includes the restart of its rollout server on the step's LoRA (saved, converted "
+                  "to GGUF, server stopped and started): its last restart's seconds and the starts over the 3 steps.", "",
+                  "| policy | hf | llamacpp | llama.cpp restart seconds | llama.cpp starts |", "|---|---|---|---|---|"]
+        lines += [f"| {name} | {r['hf']} | {r['llamacpp']} | {r['llamacpp_restart_s']} | {r['llamacpp_starts']} |"
+                  for name, r in results["grpo_step_seconds"].items()]
     return "\n".join(lines) + "\n"

@@ -56,7 +56,7 @@ launch() {
     echo $! >"$(pidfile "$name")"
 }
 
-# Wait until "$2..." succeeds, failing early if the process died.
+# Wait until "$2..." succeeds, failing early if the process died; checks every $POLL seconds (default 1).
 wait_healthy() {
     local name="$1"; shift
     local deadline=$((SECONDS + START_TIMEOUT))
@@ -70,7 +70,7 @@ wait_healthy() {
             echo "$name not healthy after ${START_TIMEOUT}s; see $STATE/$name.log" >&2
             return 1
         fi
-        sleep 1
+        sleep "${POLL:-1}"
     done
 }
 
@@ -132,15 +132,20 @@ llama_port() { (cd "$REPO" && "$PY" -c 'import sys; from memalpha.models.llamacp
 llama_healthy() { curl -fsS "http://127.0.0.1:$1/health"; }
 
 start_llama() {
-    local name="$1" service="llama-$1" port
-    port="$(llama_port "$name")"
+    local name="$1" service="llama-$1" port="" i
     if is_running "$service"; then echo "$service: already running (pid $(cat "$(pidfile "$service")"))"; return; fi
-    if port_busy "$port"; then echo "$service: port $port is taken by another process" >&2; return 1; fi
-    local argv
-    argv="$(cd "$REPO" && "$PY" -c 'import sys; from memalpha.models.llamacpp import main; sys.exit(main(sys.argv[1:]))' command "$name")"
+    # the command line from memalpha, or from MEMALPHA_LLAMA_COMMAND (one argument a line), which a training
+    # run on llama.cpp passes when it restarts its rollout server on a new LoRA: importing memalpha.models
+    # takes seconds; the port is the one in the command line
+    local argv="${MEMALPHA_LLAMA_COMMAND:-}"
+    if [[ -z "$argv" ]]; then
+        argv="$(cd "$REPO" && "$PY" -c 'import sys; from memalpha.models.llamacpp import main; sys.exit(main(sys.argv[1:]))' command "$name")"
+    fi
     mapfile -t argv <<<"$argv"
+    for ((i = 0; i < ${#argv[@]} - 1; i++)); do [[ "${argv[i]}" == --port ]] && port="${argv[i + 1]}"; done
+    if port_busy "$port"; then echo "$service: port $port is taken by another process" >&2; return 1; fi
     launch "$service" "${argv[@]}"
-    START_TIMEOUT="${MEMALPHA_LLAMA_START_TIMEOUT:-180}" wait_healthy "$service" llama_healthy "$port"
+    START_TIMEOUT="${MEMALPHA_LLAMA_START_TIMEOUT:-180}" POLL=0.2 wait_healthy "$service" llama_healthy "$port"
     echo "$service: http://127.0.0.1:$port/v1 (pid $(cat "$(pidfile "$service")"), log $STATE/$service.log)"
 }
 

@@ -181,8 +181,9 @@ class RolloutConfig(_Section):
     """Longer writer prompts keep their last tokens (counted in prompts/truncated_ratio)."""
     engine: Literal["hf", "vllm", "llamacpp"] = "hf"
     """Where rollouts are sampled: `hf`, memalpha's batched transformers loop on the policy; `vllm`, a vLLM
-    server the adapter is hot-swapped into each step (memalpha/training/engines.py); `llamacpp`, writing and
-    evaluation with a served writer (a packaged LLM or a `memalpha export`). hf is faster on a CPU
+    server the adapter is hot-swapped into each step (memalpha/training/engines.py); `llamacpp`, a llama.cpp
+    server: a served writer (a packaged LLM or a `memalpha export`) writes and evaluates, and a packaged policy
+    trains on a `rollout` server restarted on each new LoRA. hf is faster on a CPU
     (bench/results/engines.md); vllm is the GPU engine."""
     vllm_url: str = "http://127.0.0.1:8100"
     """The vLLM server of `engine=vllm` (`bash infra/servers.sh start-vllm` serves the policy there)."""

@@ -5,8 +5,10 @@ The binary is built once by `infra/llama_cpp.sh` (`make llm`) into <cache>/llama
 `infra/servers.sh start-llama NAME` starts a server with the command `server_command` prints
 (`python -m memalpha.models.llamacpp command NAME`), so the ports and flags live here only.
 
-Served models: the packaged LLMs (`LLM_MODELS`: readers and prompted writers), and a writer exported by
-`memalpha export` (its base GGUF plus a GGUF LoRA, served under the writer's name).
+Served models: the packaged LLMs (`LLM_MODELS`: readers and prompted writers), a writer exported by
+`memalpha export` (its base GGUF plus a GGUF LoRA, served under the writer's name), and `rollout`: the LoRA of
+a policy being trained with `rollout.engine=llamacpp`, restarted by the run on each new adapter with the
+command it passes to `infra/servers.sh` (memalpha.training.engines.LlamaRolloutServer).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import shlex
 import sys
@@ -29,13 +32,14 @@ from memalpha.models.loading import LLM_MODELS, cache_dir, llm_gguf, llm_tokeniz
 
 LLAMA_CPP_VERSION = "0.3.36"
 """The llama-cpp-python release whose vendored llama.cpp `infra/llama_cpp.sh` builds."""
-PORTS = {"qwen2.5-coder-0.5b": 8200, "qwen2.5-coder-1.5b": 8201, "writer": 8202}
+PORTS = {"qwen2.5-coder-0.5b": 8200, "qwen2.5-coder-1.5b": 8201, "writer": 8202, "rollout": 8203}
 """Default port of each server; MEMALPHA_LLAMA_PORT_OFFSET shifts them all (tests, a second checkout)."""
 PARALLEL = 4
 """Slots decoded together (llama-server also caps one request's completions, `n_cmpl`, at this)."""
 SLOT_TOKENS = 2048
 """Context of one slot: a reader's 1,024-token view or a writer's 1,024-token prompt plus its completion."""
 REQUEST_TIMEOUT_S = 900.0
+EXPORT_MANIFEST = "export.json"
 
 
 class LlamaServerError(ServiceError):
@@ -67,15 +71,21 @@ def writer_dir() -> Path:
     return Path(os.environ.get("MEMALPHA_LLAMA_WRITER") or cache_dir() / "llama.cpp" / "writer")
 
 
-def server_command(name: str, threads: int | None = None) -> list[str]:
-    """argv of the llama-server of `name`: a packaged LLM, or `writer` (an exported base GGUF + LoRA)."""
-    if name == "writer":
-        manifest = writer_dir() / "export.json"
+def server_command(name: str, threads: int | None = None, export_dir: Path | None = None) -> list[str]:
+    """argv of the llama-server of `name`: a packaged LLM, or `writer` / `rollout`, an exported base GGUF + LoRA
+    (`memalpha export`'s folder): `export_dir`, by default `writer_dir()` for the writer; the rollout server's
+    is its training run's, which starts it."""
+    if name in ("writer", "rollout"):
+        if export_dir is None and name == "rollout":
+            raise UserError("the `rollout` llama.cpp server samples for a training run, which starts it itself "
+                            "(`memalpha train --set rollout.engine=llamacpp`)")
+        folder = export_dir or writer_dir()
+        manifest = folder / EXPORT_MANIFEST
         if not manifest.is_file():
             raise UserError(f"{manifest} is missing: export a trained writer first (`memalpha export ADAPTER`)")
         export = json.loads(manifest.read_text())
-        model, extra = Path(export["base_gguf"]), ["--lora", str(writer_dir() / export["lora_gguf"])]
-        alias = writer_alias(export["adapter_sha256"])  # what it serves, so a client can check it
+        model, extra = Path(export["base_gguf"]), ["--lora", str(folder / export["lora_gguf"])]
+        alias = export_alias(name, export["adapter_sha256"])  # what it serves, so a client can check it
     else:
         if name not in LLM_MODELS:
             raise UserError(f"no llama.cpp server named {name!r}; choose from {', '.join(PORTS)}")
@@ -88,9 +98,9 @@ def server_command(name: str, threads: int | None = None) -> list[str]:
     return argv
 
 
-def writer_alias(adapter_sha256: str) -> str:
-    """The model name the `writer` server answers to: the adapter it serves, by the start of its sha256."""
-    return f"writer-{adapter_sha256[:12]}"
+def export_alias(name: str, adapter_sha256: str) -> str:
+    """The model name an exported server answers to: its name and the adapter it serves, by its sha256."""
+    return f"{name}-{adapter_sha256[:12]}"
 
 
 def check_server(name: str, timeout: float = 5.0) -> None:
@@ -108,6 +118,14 @@ def check_server(name: str, timeout: float = 5.0) -> None:
                         f"see infra/state/llama-{name}.log")
 
 
+def restart_hint(name: str) -> str:
+    """What to do when the server of `name` did not answer."""
+    if name == "rollout":
+        log = Path(os.environ.get("MEMALPHA_STATE") or "infra/state") / "llama-rollout.log"
+        return f"run again: a training run restarts its rollout server (its log: {log})"
+    return f"restart it with `bash infra/servers.sh start-llama {name}` and run again"
+
+
 class LlamaCppClient:
     """llama.cpp's own `/completion` route: token-id prompts, a grammar, several completions of a prompt,
     the sampled tokens and their log-probs. Requests go out concurrently so the server's slots batch them."""
@@ -120,15 +138,15 @@ class LlamaCppClient:
         self.http = httpx.Client(base_url=self.url, timeout=timeout)
         self.concurrency = concurrency
 
-    def post(self, path: str, body: dict) -> dict:
+    def request(self, path: str, body: dict | None = None) -> dict:
+        """The JSON answer of `path`: `body` posted to it, or a GET without one."""
         import httpx
 
         try:
-            response = self.http.post(path, json=body)
+            response = self.http.get(path) if body is None else self.http.post(path, json=body)
         except httpx.HTTPError as exc:
             raise LlamaServerError(f"llama.cpp server {self.name!r} at {self.url} did not answer {path} "
-                                   f"({type(exc).__name__}); restart it with `bash infra/servers.sh start-llama "
-                                   f"{self.name}` and run again") from None
+                                   f"({type(exc).__name__}); {restart_hint(self.name)}") from None
         if response.status_code >= 400:
             raise LlamaServerError(f"llama.cpp server {self.name!r} refused {path}: HTTP {response.status_code} "
                                    f"{response.text[:300]}")
@@ -142,8 +160,11 @@ class LlamaCppClient:
                  seed: int = 0, copies: int = 1, grammar: str | None = None, logprobs: bool = False,
                  ignore_eos: bool = False) -> list[dict]:
         """`copies` completions of one prompt: each {"tokens", "logps", "text", "stopped"}; a completion ends
-        at the model's end-of-generation tokens or the grammar's end. Greedy when temperature is 0. `logprobs`:
-        each token's log-prob under the raw logits (no temperature, no grammar mask)."""
+        at the model's end-of-generation tokens (kept in "tokens", as the hf engine keeps them) or the grammar's
+        end. Greedy when temperature is 0. `logprobs`: each sampled token's log-prob under log softmax(logits /
+        temperature), the trainer's convention: at temperature 1 (and greedy) the raw logits' softmax (top-p and
+        a grammar's mask ignored); at another temperature the sampler chain's probability, which renormalises
+        over top-p's nucleus when top_p < 1 and follows a grammar's mask."""
         answers = []
         for first in range(0, copies, PARALLEL):  # the server refuses n_cmpl above its slots
             # temperature first, as hf and vLLM apply it before top-k/top-p
@@ -154,16 +175,21 @@ class LlamaCppClient:
             if grammar:
                 body["grammar"] = grammar
             if logprobs:
-                body["n_probs"], body["post_sampling_probs"] = 1, False
-            answer = self.post("/completion", body)
+                body["n_probs"], body["post_sampling_probs"] = 1, temperature not in (0.0, 1.0)
+            answer = self.request("/completion", body)
             answers += answer if isinstance(answer, list) else [answer]
         out = []
         for a in answers:
             tokens = [int(t) for t in a.get("tokens", [])]
-            logps = [float(p.get("logprob", 0.0)) for p in a.get("completion_probabilities", [])] if logprobs else []
+            logps = [float(p["logprob"]) if "logprob" in p else math.log(max(float(p["prob"]), 1e-45))  # a 0 is a tiny p
+                     for p in a.get("completion_probabilities", [])] if logprobs else []
             out.append({"tokens": tokens, "logps": logps, "text": a.get("content", ""),
                         "stopped": a.get("stop_type") in ("eos", "word")})
         return out
+
+    def served_model(self) -> str:
+        """The model name the server answers to (its `--alias`)."""
+        return self.request("/v1/models")["data"][0]["id"]
 
     def complete_many(self, jobs: list[dict]) -> list[list[dict]]:
         """`complete(**job)` for each job, concurrently, in order."""
@@ -171,9 +197,6 @@ class LlamaCppClient:
             return []
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(jobs))) as pool:
             return list(pool.map(lambda job: self.complete(**job), jobs))
-
-
-EXPORT_MANIFEST = "export.json"
 
 
 def file_sha256(path: Path) -> str:
@@ -220,12 +243,12 @@ def served_policy(model_cfg, schema, adapter: str | Path | None = None) -> Serve
         weights = Path(adapter) / "adapter_model.safetensors"
         if not weights.is_file():
             raise UserError(f"rollout.engine=llamacpp: {weights} is missing (not an adapter folder)")
-        wanted = writer_alias(file_sha256(weights))
+        wanted = export_alias("writer", file_sha256(weights))
         restart = ("`bash infra/servers.sh stop-llama writer; bash infra/servers.sh start-llama writer`")
         # the tokenizer of model.policy: where the writer is served from the registry, its base model artifact
         policy = ServedPolicy("writer", load_tokenizer(resolve_model_path(model_cfg.policy)), grammar)
         policy.check()
-        served = policy.client.http.get("/v1/models").json()["data"][0]["id"]
+        served = policy.client.served_model()
         if served != wanted:
             raise UserError(f"rollout.engine=llamacpp: the writer server serves {served}, not {adapter} ({wanted}); "
                             f"run `memalpha export {adapter}`, then {restart}")

@@ -13,18 +13,23 @@ under a new name, the previous one unloaded); `sample` sends one completion requ
 a resumed run sends the same seeds. Identical prompts share their prefill through vLLM's prefix cache.
 The update stays memalpha's: the trainer recomputes the log-probs of what vLLM sampled.
 
-`llamacpp`: a llama.cpp `llama-server` (`make llm`, `bash infra/servers.sh start-llama NAME`) writes for a
-`ServedPolicy` (memalpha.models.llamacpp): a packaged LLM as an untrained prompted writer, or a trained
-writer exported to GGUF (`memalpha export`). Prompts go as token ids, several completions of a prompt in one
-request, and every completion is constrained by the tool-call grammar (`env.tools.tool_call_grammar`), so
-it is valid JSON with at most MAX_CALLS_PER_CHUNK calls.
+`llamacpp`: a llama.cpp `llama-server` (`make llm`) samples. For a `ServedPolicy` (memalpha.models.llamacpp;
+`bash infra/servers.sh start-llama NAME`): a packaged LLM as an untrained prompted writer, or a trained writer
+exported to GGUF (`memalpha export`); every completion is constrained by the tool-call grammar
+(`env.tools.tool_call_grammar`), so it is valid JSON with at most MAX_CALLS_PER_CHUNK calls. For a policy
+trained in this process: the `rollout` server (`LlamaRolloutServer`), restarted on the policy's current LoRA
+whenever it changed, unconstrained like the other engines, so the rollouts are the policy's own samples.
+Prompts go as token ids, several completions of a prompt in one request, each sampled token with its
+log-prob; the update recomputes the trainer's.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -44,8 +49,8 @@ REQUEST_TIMEOUT_S = 600.0
 
 
 class EngineError(ServiceError):
-    """The vLLM server died, timed out or refused a request mid-step: the step is not logged, and the run
-    resumes from its last checkpoint like any crashed step."""
+    """The vLLM server died, timed out or refused a request mid-step, or the llama.cpp rollout server did not
+    start: the step is not logged, and the run resumes from its last checkpoint like any crashed step."""
 
 
 @contextmanager
@@ -55,7 +60,10 @@ def sampling(policy, rcfg: RolloutConfig) -> Iterator[None]:
         vllm_client(rcfg).sync(policy)
         yield
     elif rcfg.engine == "llamacpp":
-        served(policy).check()
+        if is_served(policy):
+            policy.check()
+        else:
+            llama_rollout_server().sync(policy)
         yield
     else:
         with policy.merged_adapter():  # sampling only (eval mode); the update runs the unmerged adapter
@@ -71,8 +79,11 @@ def sample(policy, prompts: list[list[int]], rcfg: RolloutConfig, *, copies: int
     eos_ids = eos_token_ids if eos_token_ids is not None else (
         [tokenizer.eos_token_id] + ([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else []))
     if rcfg.engine == "llamacpp":
-        return llamacpp_generate(served(policy), prompts, rcfg, copies=copies, greedy=greedy, generator=generator,
-                                 to_cap=eos_token_ids == [])
+        if is_served(policy):
+            return llamacpp_generate(policy.client, policy.grammar, prompts, rcfg, copies=copies, greedy=greedy,
+                                     generator=generator, to_cap=eos_token_ids == [])
+        return llama_rollout_server().generate(prompts, rcfg, copies=copies, greedy=greedy, generator=generator,
+                                               to_cap=eos_token_ids == [])
     if rcfg.engine == "vllm":
         return vllm_client(rcfg).generate(prompts, copies=copies, max_new_tokens=rcfg.max_completion_length,
                                           eos_token_ids=eos_ids, temperature=rcfg.temperature, top_p=rcfg.top_p,
@@ -83,25 +94,33 @@ def sample(policy, prompts: list[list[int]], rcfg: RolloutConfig, *, copies: int
 
 
 def check_engine(rcfg: RolloutConfig, policy: str) -> None:
-    """Fail early, with what to do, when a training run asks for `rollout.engine=llamacpp` (it writes with a
-    served writer, not the run's policy), or `vllm` has no server or one serving another model than `policy`."""
+    """Fail early, with what to do, when `rollout.engine=llamacpp` cannot sample `policy` in training (no
+    packaged GGUF of its base, no llama-server built, several processes), or `vllm` has no server or one
+    serving another model than `policy`."""
     if rcfg.engine == "llamacpp":
-        raise UserError("rollout.engine=llamacpp writes and evaluates (a packaged LLM or a `memalpha export`); "
-                        "training samples on hf or vllm")
+        from memalpha.models.llamacpp import server_binary
+        from memalpha.models.loading import PACKAGED_POLICIES
+
+        if policy not in PACKAGED_POLICIES:
+            raise UserError(f"rollout.engine=llamacpp trains policies whose base ships as a GGUF "
+                            f"({', '.join(PACKAGED_POLICIES)}); model.policy={policy!r} has none: sample with "
+                            "rollout.engine=hf or vllm")
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise UserError("rollout.engine=llamacpp trains in one process (one rollout server); sample with "
+                            "rollout.engine=hf or vllm under torchrun")
+        server_binary()  # built by `make llm`, else a UserError saying so
     if rcfg.engine == "vllm":
         from memalpha.models.loading import resolve_model_path
 
         vllm_client(rcfg).check_serves(resolve_model_path(policy))
 
 
-def served(policy):
-    """The ServedPolicy behind `rollout.engine=llamacpp` (loaded by `memalpha.models.llamacpp.served_policy`)."""
+def is_served(policy) -> bool:
+    """Whether `policy` is a writer llama.cpp serves (`memalpha.models.llamacpp.served_policy`), not one loaded
+    in this process."""
     from memalpha.models.llamacpp import ServedPolicy
 
-    if not isinstance(policy, ServedPolicy):
-        raise UserError("rollout.engine=llamacpp writes with a served writer: a packaged LLM (model.policy="
-                        "qwen2.5-coder-0.5b) or a writer exported by `memalpha export`, not a policy loaded in-process")
-    return policy
+    return isinstance(policy, ServedPolicy)
 
 
 def _seeds(count: int, greedy: bool, generator: torch.Generator | None) -> list[int]:
@@ -111,24 +130,117 @@ def _seeds(count: int, greedy: bool, generator: torch.Generator | None) -> list[
     return [0] * count
 
 
-def llamacpp_generate(policy, prompts: list[list[int]], rcfg: RolloutConfig, *, copies: int, greedy: bool,
-                      generator: torch.Generator | None, to_cap: bool = False) -> Generation:
-    """One grammar-constrained request per prompt with `copies` completions; rows as the hf engine's.
-    `to_cap`: no grammar and no end token, every row runs to the cap (benchmarks)."""
+def llamacpp_generate(client, grammar: str | None, prompts: list[list[int]], rcfg: RolloutConfig, *, copies: int,
+                      greedy: bool, generator: torch.Generator | None, to_cap: bool = False) -> Generation:
+    """One request per prompt to `client` (a LlamaCppClient) with `copies` completions, constrained by `grammar`
+    if any; rows as the hf engine's. `to_cap`: no grammar and no end token, every row runs to the cap (benchmarks)."""
     if not prompts:
         return Generation([], [], [])
     start = time.perf_counter()
     jobs = [{"prompt": prompt, "max_tokens": rcfg.max_completion_length, "temperature": 0.0 if greedy else rcfg.temperature,
              "top_p": 1.0 if greedy else rcfg.top_p, "seed": int(seed), "copies": 1 if greedy else copies,
-             "grammar": None if to_cap else policy.grammar, "ignore_eos": to_cap} for prompt, seed in zip(prompts, _seeds(len(prompts), greedy, generator))]
-    answers = policy.client.complete_many(jobs)
+             "grammar": None if to_cap else grammar, "ignore_eos": to_cap, "logprobs": True}
+            for prompt, seed in zip(prompts, _seeds(len(prompts), greedy, generator))]
+    answers = client.complete_many(jobs)
     out = Generation([], [], [], decode_s=time.perf_counter() - start, prefilled_prompts=len({tuple(p) for p in prompts}))
     for completions in answers:
         for c in completions * copies if greedy else completions:  # greedy copies are identical: asked once
             out.completion_ids.append(c["tokens"])
-            out.logps.append([0.0] * len(c["tokens"]))  # not asked: only an update reads them, and it recomputes
+            out.logps.append(c["logps"])
             out.truncated.append(not c["stopped"])
     return out
+
+
+class LlamaRolloutServer:
+    """The llama.cpp server that samples a policy trained in this process (server name `rollout`, its port
+    PORTS["rollout"] + MEMALPHA_LLAMA_PORT_OFFSET, its PID file and log where infra/servers.sh keeps them).
+    llama-server reads LoRA files only at start (`--lora`; at runtime its /lora-adapters route sets the
+    scales of those, it loads no new file), so `sync` restarts it: when the policy's LoRA changed since the
+    last start, the adapter is saved, converted to a GGUF LoRA by `memalpha export`'s conversion against the
+    policy's packaged base GGUF, and the server stopped and started on it by `infra/servers.sh`. Stopped when
+    this process exits (one left by a killed run is stopped by the next run's first `sync`, or `make down`)."""
+
+    NAME = "rollout"
+
+    def __init__(self):
+        self.folder = Path(tempfile.mkdtemp(prefix="memalpha-llama-rollout-"))
+        # the state folder and port offset of its start, so the stop at exit finds the same server
+        self.env = dict(os.environ)
+        self.fingerprint: str | None = None
+        self.client = None
+        self.starts = 0
+        self.sync_s = 0.0
+        """Seconds of the last restart: the adapter saved and converted, the server stopped and started."""
+        atexit.register(self.close)
+
+    def _servers(self, *args: str, **env: str) -> subprocess.CompletedProcess:
+        from memalpha.models.loading import repo_root
+
+        return subprocess.run(["bash", str(repo_root() / "infra" / "servers.sh"), *args, self.NAME],
+                              env={**self.env, **env}, capture_output=True, text=True, timeout=600)
+
+    def sync(self, policy) -> None:
+        """Restart the server on the policy's current LoRA unless it runs it already."""
+        from memalpha.commands.export import export
+        from memalpha.models.llamacpp import LlamaCppClient, server_command
+
+        fingerprint = lora_fingerprint(policy)
+        if fingerprint == self.fingerprint:
+            return
+        start = time.perf_counter()
+        self._forget()  # until the server runs this adapter
+        adapter = policy.save_adapter(self.folder / "adapter")
+        export(adapter, self.folder / "export", policy.name)
+        self._servers("stop-llama")
+        command = server_command(self.NAME, export_dir=self.folder / "export")
+        self.starts += 1
+        started = self._servers("start-llama", MEMALPHA_LLAMA_COMMAND="\n".join(command))
+        if started.returncode != 0:
+            raise EngineError(f"the llama.cpp rollout server did not start on the step's LoRA: "
+                              f"{(started.stderr or started.stdout).strip()[-1500:]}")
+        self.client, self.fingerprint = LlamaCppClient(self.NAME), fingerprint
+        self.sync_s = time.perf_counter() - start
+
+    def _forget(self) -> None:
+        if self.client is not None:
+            self.client.http.close()  # its kept-alive connections would hold up the server's exit
+        self.fingerprint, self.client = None, None
+
+    def generate(self, prompts: list[list[int]], rcfg: RolloutConfig, *, copies: int, greedy: bool,
+                 generator: torch.Generator | None, to_cap: bool) -> Generation:
+        """`llamacpp_generate` on this server, without a grammar; after a failed request the next `sync`
+        restarts it (a retried step in the same process)."""
+        from memalpha.models.llamacpp import LlamaServerError
+
+        if self.client is None:
+            raise EngineError("the llama.cpp rollout server is not running the policy's LoRA: sample inside "
+                              "`engines.sampling`, which (re)starts it")
+        try:
+            return llamacpp_generate(self.client, None, prompts, rcfg, copies=copies, greedy=greedy,
+                                     generator=generator, to_cap=to_cap)
+        except LlamaServerError:
+            self._forget()
+            raise
+
+    def close(self) -> None:
+        """Stop the server (at exit, or by a caller done with it)."""
+        self._forget()
+        if self.starts:
+            self._servers("stop-llama")
+        self.starts = 0
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_ROLLOUT_SERVERS: dict[tuple[str, str], LlamaRolloutServer] = {}
+
+
+def llama_rollout_server() -> LlamaRolloutServer:
+    """One rollout server per port offset and state folder in this process, so its adapter is remembered
+    between calls."""
+    key = (os.environ.get("MEMALPHA_LLAMA_PORT_OFFSET", "0"), os.environ.get("MEMALPHA_STATE", ""))
+    if key not in _ROLLOUT_SERVERS:
+        _ROLLOUT_SERVERS[key] = LlamaRolloutServer()
+    return _ROLLOUT_SERVERS[key]
 
 
 _CLIENTS: dict[str, VLLMClient] = {}
