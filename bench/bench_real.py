@@ -212,11 +212,12 @@ def score(config, instances, name: str, method: str, adapter: Path | None, folde
     return results
 
 
-def summarize_rows(kept: dict[str, Any]) -> dict[str, Any]:
+def summarize_rows(kept: dict[str, Any], group: str = "question_type") -> dict[str, Any]:
+    """qa and F1 of a reader's cached rows, overall and by the rows' `group` field (`by_category`)."""
     rows = kept["rows"]
     by_type = {}
-    for t in sorted({r["question_type"] for r in rows}):
-        mine = [r for r in rows if r["question_type"] == t]
+    for t in sorted({r[group] for r in rows}):
+        mine = [r for r in rows if r[group] == t]
         by_type[t] = {"qa": statistics.mean(r["score"] for r in mine), "f1": statistics.mean(r["f1"] for r in mine), "n": len(mine)}
     return {"qa": statistics.mean(r["score"] for r in rows), "f1": statistics.mean(r["f1"] for r in rows),
             "by_category": by_type, "questions": len(rows),

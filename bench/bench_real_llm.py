@@ -83,15 +83,15 @@ def restricted(instances, built, keep: set[tuple[str, str]]):
     return out_instances, out_built
 
 
-def answered(config, instances, name: str, keep, folder: Path) -> Path:
-    """The sampled questions of one method answered by READER; the rows' cache file."""
+def answered(config, instances, name: str, keep, folder: Path, adapters: dict[str, Path], tag: str) -> Path:
+    """The sampled questions of one method answered by READER; the rows' cache file (`folder/tag/<key>.json`)."""
     from bench.run_all import write_atomically
     from memalpha.data.chunking import TokenCounts
     from memalpha.evaluation.answering import LazyReader, answer_built, policy_tokenizer
     from memalpha.rewards.qa import token_f1
 
-    method, adapter = ("policy", ADAPTERS[name]) if name in ADAPTERS else (name, None)
-    path = folder / f"{READER}-sample{PER_CELL}s{SAMPLE_SEED}" / f"{method_key(method, adapter)}.json"
+    method, adapter = ("policy", adapters[name]) if name in adapters else (name, None)
+    path = folder / tag / f"{method_key(method, adapter)}.json"
     if path.is_file():
         return path
     print(f"{name}: building", flush=True)
@@ -113,22 +113,14 @@ def answered(config, instances, name: str, keep, folder: Path) -> Path:
     return path
 
 
-def run() -> dict[str, Any]:
-    import torch
-
+def answer_methods(config, instances, keep, folder: Path, methods: tuple[str, ...], adapters: dict[str, Path],
+                   tag: str, state: Path, group: str = "question_type") -> dict[str, Any]:
+    """Every method of `methods`, in order, built and its sampled questions answered by READER, the llama.cpp
+    servers it needs started (and stopped) here unless already up: {"methods": {name: summary by `group`},
+    "minus_rag": {name: paired difference}}."""
     from bench.llama_server import local_llama_server
     from memalpha.models.llamacpp import check_server
 
-    if not torch.cuda.is_available() and not ON_CPU:
-        raise BenchmarkSkipped("hours on a CPU (two LLM writers over 7 whole LoCoMo conversations, every method read "
-                               "by an LLM); set MEMALPHA_BENCH_REAL_ON_CPU=1 to run it anyway")
-    started = time.perf_counter()
-    data = prepare_data()
-    config = seed_config(0, data)
-    instances = test_sets(data)["locomo"]
-    folder = RUN_ROOT / "memories" / f"locomo-{data_key(instances)}"
-    keep = sample(instances)
-    state = RUN_ROOT / "llama-state"
     paths = {}
     with ExitStack() as servers:
         def serve(name: str) -> None:  # a server already up (ours or the user's) is used as it is
@@ -138,31 +130,41 @@ def run() -> dict[str, Any]:
                 servers.enter_context(local_llama_server(state / name, name, offset=0))
 
         serve(READER)
-        for name in METHODS:
+        for name in methods:
             if name in LLM_WRITER_SERVERS:
                 serve(LLM_WRITER_SERVERS[name])
-            paths[name] = answered(config, instances, name, keep, folder)
+            paths[name] = answered(config, instances, name, keep, folder, adapters, tag)
     kept = {name: json.loads(path.read_text()) for name, path in paths.items()}
     scores = {name: {(r["instance_id"], r["question_id"]): r["score"] for r in k["rows"]} for name, k in kept.items()}
-    methods = {name: summarize_rows(k) for name, k in kept.items()}
-    minus_rag = {name: paired_difference([scores[name]], scores["rag"]) for name in scores if name != "rag"} if "rag" in scores else {}
+    return {"methods": {name: summarize_rows(k, group) for name, k in kept.items()},
+            "minus_rag": {name: paired_difference([scores[name]], scores["rag"]) for name in scores if name != "rag"}
+            if "rag" in scores else {}}
+
+
+def run() -> dict[str, Any]:
+    import torch
+
+    if not torch.cuda.is_available() and not ON_CPU:
+        raise BenchmarkSkipped("hours on a CPU (two LLM writers over 7 whole LoCoMo conversations, every method read "
+                               "by an LLM); set MEMALPHA_BENCH_REAL_ON_CPU=1 to run it anyway")
+    started = time.perf_counter()
+    data = prepare_data()
+    config = seed_config(0, data)
+    instances = test_sets(data)["locomo"]
+    keep = sample(instances)
+    report = answer_methods(config, instances, keep, RUN_ROOT / "memories" / f"locomo-{data_key(instances)}", METHODS,
+                            ADAPTERS, f"{READER}-sample{PER_CELL}s{SAMPLE_SEED}", RUN_ROOT / "llama-state")
     return {"reader": READER, "sample": {"per_cell": PER_CELL, "seed": SAMPLE_SEED, "questions": len(keep),
                                          "of": sum(len(i.questions) for i in instances)},
             "conversations": len(instances), "chunks": sum(len(i.chunks) for i in instances),
-            "methods": methods, "minus_rag": minus_rag, "not_run": [m for m in ALL_METHODS if m not in methods],
+            **report, "not_run": [m for m in ALL_METHODS if m not in report["methods"]],
             "minutes_this_run": round((time.perf_counter() - started) / 60, 1)}
 
 
-def to_markdown(results: dict[str, Any]) -> str:
-    s = results["sample"]
-    cats = [c for c in LOCOMO_CATEGORIES if any(c in m["by_category"] for m in results["methods"].values())]
-    lines = ["# Benchmark: real conversations, LLM reader", "",
-             f"Reader: `{results['reader']}` on llama.cpp, greedy. LoCoMo: the {results['conversations']} test conversations "
-             f"({results['chunks']} chunks of 512 tokens), written whole; {s['questions']} of their {s['of']} questions "
-             f"answered, {s['per_cell']} drawn from each (conversation, category) cell with seed {s['seed']}. BM25 top-20 "
-             "retrieval, 1,024-token reader budget. qa: substring match; f1: LoCoMo's token F1. "
-             f"{results['minutes_this_run']} min this run (cached builds and answers are read, not redone).", "",
-             "| method | qa | f1 | " + " | ".join(f"{c} qa" for c in cats) + " | memory tokens | minutes | minus RAG, 95% interval |",
+def method_table(results: dict[str, Any], groups: tuple[str, ...]) -> list[str]:
+    """The report's table: a row a method, qa by each of `groups` found, memory tokens, minutes, minus RAG."""
+    cats = [c for c in groups if any(c in m["by_category"] for m in results["methods"].values())]
+    lines = ["| method | qa | f1 | " + " | ".join(f"{c} qa" for c in cats) + " | memory tokens | minutes | minus RAG, 95% interval |",
              "|---|---|---|" + "---|" * len(cats) + "---|---|---|"]
     for name, m in results["methods"].items():
         d = results["minus_rag"].get(name)
@@ -172,4 +174,15 @@ def to_markdown(results: dict[str, Any]) -> str:
                      + f"{m['memory_tokens']:.0f} | {m['minutes']} | {interval} |")
     if results.get("not_run"):
         lines += ["", f"Not run yet: {', '.join(results['not_run'])} (the report resumes: finished methods are cached)."]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def to_markdown(results: dict[str, Any]) -> str:
+    s = results["sample"]
+    lines = ["# Benchmark: real conversations, LLM reader", "",
+             f"Reader: `{results['reader']}` on llama.cpp, greedy. LoCoMo: the {results['conversations']} test conversations "
+             f"({results['chunks']} chunks of 512 tokens), written whole; {s['questions']} of their {s['of']} questions "
+             f"answered, {s['per_cell']} drawn from each (conversation, category) cell with seed {s['seed']}. BM25 top-20 "
+             "retrieval, 1,024-token reader budget. qa: substring match; f1: LoCoMo's token F1. "
+             f"{results['minutes_this_run']} min this run (cached builds and answers are read, not redone).", ""]
+    return "\n".join(lines + method_table(results, LOCOMO_CATEGORIES)) + "\n"
