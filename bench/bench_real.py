@@ -16,8 +16,13 @@ writer minus each method paired by question, with a 95% bootstrap interval over 
 seeds are also tested on the synthetic learning bench's 48 held-out conversations (does the mix keep
 what synthetic training learned?).
 
+Another policy (`MEMALPHA_BENCH_REAL_POLICY=qwen2.5-coder-0.5b`) trains in `runs/bench-real-<policy>` from a
+warm start of its own: SFT of a fresh LoRA (the 135M warm start does not fit it) on the demonstrations of
+`MEMALPHA_BENCH_REAL_TEACHER` (by default for such a policy the LLM teacher `llm:qwen2.5-coder-1.5b`, best of
+4 samples of `TEACHER_WINDOWS` windows of each dataset; its llama.cpp server is started here when none is up).
+
 Resumable: runs live in `RUN_ROOT` and resume from their checkpoints; every method's build (the memories
-and reader contexts) is cached under `RUN_ROOT/memories/<key>.json`, keyed by the digest of the adapter
+and reader contexts) is cached under `MEMORIES/<key>.json` (shared by every policy), keyed by the digest of the adapter
 weights (or the baseline's name) and of the test data, and each reader's scored rows beside it, so the
 report is rebuilt from the caches without writing a memory again. Needs the LoCoMo file at
 `MEMALPHA_LOCOMO` (default data/raw/locomo10.json) and optionally the PerLTQA folder at
@@ -56,7 +61,14 @@ READERS = ("evidence", "local")
 CHUNK_TOKENS = 512
 DEMONSTRATIONS = 256
 DATA = ROOT / "data" / "real"
-RUN_ROOT = ROOT / "runs" / "bench-real"
+POLICY = os.environ.get("MEMALPHA_BENCH_REAL_POLICY", "smollm2-135m-instruct")
+RECIPE_POLICY = POLICY == "smollm2-135m-instruct"
+"""The recipe's policy starts from the shipped 135M warm start; another gets a warm start of its own."""
+TEACHER = os.environ.get("MEMALPHA_BENCH_REAL_TEACHER", "rule" if RECIPE_POLICY else "llm:qwen2.5-coder-1.5b")
+TEACHER_WINDOWS = int(os.environ.get("MEMALPHA_BENCH_REAL_TEACHER_WINDOWS", "16"))
+"""An LLM teacher's windows of each dataset: 32 windows x 4 samples is about 2 hours of the 1.5B on 2 cores."""
+RUN_ROOT = ROOT / "runs" / ("bench-real" if RECIPE_POLICY else f"bench-real-{POLICY}")
+MEMORIES = ROOT / "runs" / "bench-real" / "memories"
 WRITER = ROOT / "adapters" / "writer"
 BASE_WARM_START = ROOT / "adapters" / "warm-start"
 DIALOGUE_WARM_START = ROOT / "adapters" / "warm-start-dialogue"
@@ -95,7 +107,8 @@ def mix(data: dict[str, Path]) -> dict[str, float]:
 
 def base_overrides(data: dict[str, Path]) -> list[str]:
     weights = json.dumps(mix(data))
-    return [f"data.mix={weights}", f"sft.mix={weights}", f"sft.init_adapter={BASE_WARM_START}",
+    start = [f"sft.init_adapter={BASE_WARM_START}"] if RECIPE_POLICY else [f"model.policy={POLICY}"]
+    return [f"data.mix={weights}", f"sft.mix={weights}", *start,
             f"sft.num_demonstrations={DEMONSTRATIONS}", "eval.max_instances=8", "time_budget_minutes=null"]
 
 
@@ -108,17 +121,45 @@ def seed_config(seed: int, data: dict[str, Path]):
 
 def warm_start(data: dict[str, Path]) -> Path:
     """The seeds' one warm start, `RUN_ROOT/warm-start/sft`: DIALOGUE_WARM_START when its hash is this recipe's,
-    else trained once, then reused."""
+    else trained once (by `TEACHER`'s demonstrations), then reused."""
     from memalpha.teacher.warm_start import prepare_warm_start
     from memalpha.training.checkpoint import SFT_DIR
 
     folder = RUN_ROOT / "warm-start"
     started = time.perf_counter()
     if not (folder / SFT_DIR / "adapter_model.safetensors").is_file():
-        print(f"warm start: SFT of {DEMONSTRATIONS} demonstrations from {BASE_WARM_START.name}", flush=True)
-        prepare_warm_start(seed_config(SEEDS[0], data), folder, shipped=DIALOGUE_WARM_START)
+        config = seed_config(SEEDS[0], data)
+        print(f"warm start of {POLICY}: SFT of {DEMONSTRATIONS} demonstrations by {TEACHER}", flush=True)
+        if TEACHER == "rule":
+            prepare_warm_start(config, folder, shipped=DIALOGUE_WARM_START)
+        else:
+            taught_warm_start(config, folder / SFT_DIR)
         print(f"warm start done in {(time.perf_counter() - started) / 60:.1f} min", flush=True)
     return folder / SFT_DIR
+
+
+def taught_warm_start(config, out: Path) -> None:
+    """SFT of the policy on the LLM teacher's demonstrations (`memalpha sft --teacher`), its server started here
+    unless one is up; the teacher's samples resume from their cache."""
+    from contextlib import ExitStack
+
+    from bench.llama_server import local_llama_server
+    from memalpha.models.llamacpp import check_server
+    from memalpha.models.policy import load_policy
+    from memalpha.progress import SFTProgress
+    from memalpha.teacher.llm_teacher import LLMTeacher
+    from memalpha.teacher.warm_start import warm_start_data, warm_start as train_warm_start
+
+    teacher = LLMTeacher.from_spec(TEACHER, windows=TEACHER_WINDOWS, say=lambda line: print(line, flush=True))
+    with ExitStack() as servers:
+        try:
+            check_server(teacher.model)
+        except Exception:
+            servers.enter_context(local_llama_server(RUN_ROOT / "llama-state" / teacher.model, teacher.model, offset=0))
+        policy = load_policy(config.model, seed=config.grpo.seed)
+        train, held_out = warm_start_data(config, policy.tokenizer)
+        train_warm_start(config, out, policy, train, held_out, on_log=SFTProgress(lambda line: print(line, flush=True)),
+                         teacher=teacher)
 
 
 def train_seed(seed: int, warm: Path, data: dict[str, Path]) -> list[dict[str, Any]]:
@@ -285,14 +326,16 @@ def run() -> dict[str, Any]:
     if STAGE == "warm-start":
         raise BenchmarkSkipped("stopped after the warm start (MEMALPHA_BENCH_REAL_STAGE=warm-start)")
     curves = {seed: train_seed(seed, warm, data) for seed in SEEDS}
-    if STAGE == "train":
-        raise BenchmarkSkipped("stopped after training (MEMALPHA_BENCH_REAL_STAGE=train)")
+    if STAGE == "train" or not RECIPE_POLICY:
+        raise BenchmarkSkipped(f"stopped after training {POLICY}: " + ("MEMALPHA_BENCH_REAL_STAGE=train" if RECIPE_POLICY else
+                               "the local reader is the 135M policy, so another policy's writers are read by the LLM reader "
+                               "(`python -m bench.run_all real_llm`)"))
     config = seed_config(SEEDS[0], data)
     adapters = {f"trained_seed{s}": policy_adapter(checkpoint_dir(RUN_ROOT / f"seed{s}", STEPS)) for s in SEEDS}
     adapters.update({"warm_start": warm, "shipped_writer": WRITER})
     report: dict[str, Any] = {}
     for source, instances in test_sets(data).items():
-        folder = RUN_ROOT / "memories" / f"{source}-{data_key(instances)}"
+        folder = MEMORIES / f"{source}-{data_key(instances)}"
         methods = {name: score(config, instances, f"{source} {name}", "policy", path, folder) for name, path in adapters.items()}
         methods.update({name: score(config, instances, f"{source} {name}", name, None, folder) for name in BASELINES})
         keys = {name: method_key("policy", path) for name, path in adapters.items()} | {name: name for name in BASELINES}
@@ -308,7 +351,7 @@ def run() -> dict[str, Any]:
                           "questions": sum(len(i.questions) for i in instances),
                           "chunks": sum(len(i.chunks) for i in instances)}
     synthetic = test_instances()  # the learning bench's 48 held-out conversations (288 questions)
-    folder = RUN_ROOT / "memories" / f"synthetic-{data_key(synthetic)}"
+    folder = MEMORIES / f"synthetic-{data_key(synthetic)}"
     trained = {f"trained_seed{s}": score(config, synthetic, f"synthetic trained_seed{s}", "policy", adapters[f"trained_seed{s}"], folder)
                for s in SEEDS}
     report["synthetic"] = {"readers": {reader: {"methods": {"trained": seeds_mean([trained[f"trained_seed{s}"][reader] for s in SEEDS]),

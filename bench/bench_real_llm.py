@@ -36,7 +36,7 @@ from bench.bench_real import (
     DIALOGUE_WARM_START,
     LOCOMO_CATEGORIES,
     ON_CPU,
-    RUN_ROOT,
+    MEMORIES,
     WRITER,
     build,
     data_key,
@@ -152,8 +152,8 @@ def run() -> dict[str, Any]:
     config = seed_config(0, data)
     instances = test_sets(data)["locomo"]
     keep = sample(instances)
-    report = answer_methods(config, instances, keep, RUN_ROOT / "memories" / f"locomo-{data_key(instances)}", METHODS,
-                            ADAPTERS, f"{READER}-sample{PER_CELL}s{SAMPLE_SEED}", RUN_ROOT / "llama-state")
+    report = answer_methods(config, instances, keep, MEMORIES / f"locomo-{data_key(instances)}", METHODS,
+                            ADAPTERS, f"{READER}-sample{PER_CELL}s{SAMPLE_SEED}", MEMORIES.parent / "llama-state")
     return {"reader": READER, "sample": {"per_cell": PER_CELL, "seed": SAMPLE_SEED, "questions": len(keep),
                                          "of": sum(len(i.questions) for i in instances)},
             "conversations": len(instances), "chunks": sum(len(i.chunks) for i in instances),
