@@ -6,7 +6,8 @@ of conversations, each `{"turns": [{"speaker", "text", "date"?}], "questions"?: 
 `{"chunks": [...]}` or `{"text": "..."}`. Output: one memory per conversation, `{"id", "core", "semantic",
 "episodic", "chunks"}`, with `answers` where questions were given. Bad input is an MlflowException with
 INVALID_PARAMETER_VALUE, which the scoring server answers with HTTP 400 and the message alone, at most
-MAX_ERROR_CHARS (`short_scoring_errors`: MLflow's server would echo the whole request).
+MAX_ERROR_CHARS (`short_scoring_errors`: MLflow's server would echo the whole request). A server the writer
+needs that is down (its llama.cpp reader or writer) is TEMPORARILY_UNAVAILABLE, HTTP 503, with its message.
 
 One policy writes for every request: requests that arrive while it is busy wait and are then written
 together, all their conversations in one batched writer call per chunk position (`RequestBatcher`).
@@ -25,7 +26,7 @@ from typing import Any, Callable
 
 import mlflow
 from mlflow.exceptions import MlflowException
-from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
 from mlflow.pyfunc import PythonModel
 
 MAX_REQUEST_CHARS = 2_000_000
@@ -154,7 +155,20 @@ class MemoryWriterModel(PythonModel):
             conversations = [parse_conversation(_clean(item), f"inputs[{i}]") for i, item in enumerate(items)]
         except WriteInputError as exc:
             raise MlflowException(_short(str(exc)), INVALID_PARAMETER_VALUE) from None
-        return self.batcher(conversations)
+        return write_or_explain(self.batcher, conversations)
+
+
+def write_or_explain(write: Callable[[list], list], conversations: list) -> list:
+    """`write(conversations)`, its known failures as short MLflow errors: a server it needs is down (503), the
+    request cannot be written as configured (400). Anything else is the scoring server's 500 with its log."""
+    from memalpha.errors import ServiceError, UserError
+
+    try:
+        return write(conversations)
+    except ServiceError as exc:
+        raise MlflowException(_short(str(exc)), TEMPORARILY_UNAVAILABLE) from None
+    except UserError as exc:
+        raise MlflowException(_short(str(exc)), INVALID_PARAMETER_VALUE) from None
 
 
 def served_config(config):

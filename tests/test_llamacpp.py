@@ -211,6 +211,15 @@ def test_grpo_trains_on_llama_cpp_rollouts_restarting_the_server_on_each_new_lor
     alias = export_alias("rollout", file_sha256(server.folder / "adapter" / "adapter_model.safetensors"))
     assert served_alias() == alias != first_alias
     print(f"llama.cpp rollout server restart: {server.sync_s:.1f} s")
+    converted = {f.name: f.stat().st_mtime_ns for f in (server.folder / "export").iterdir()}
+    os.kill(int((rollout_env / "llama-rollout.pid").read_text()), signal.SIGKILL)  # dies again, its LoRA unchanged
+    with pytest.raises(LlamaServerError):
+        engines.sample(trainer.policy, [[1, 2, 3]], trainer.config.rollout, copies=1, greedy=True, generator=None)
+    with engines.sampling(trainer.policy, trainer.config.rollout):
+        pass
+    assert server.starts == 3 and served_alias() == alias
+    assert {f.name: f.stat().st_mtime_ns for f in (server.folder / "export").iterdir()} == converted, \
+        "a restart on an unchanged LoRA reuses its conversion"
     out = engines.sample(trainer.policy, [[1, 2, 3]], trainer.config.rollout, copies=2, greedy=False,
                          generator=torch.Generator().manual_seed(0))
     assert [len(x) for x in out.logps] == [len(x) for x in out.completion_ids], "a log-prob for every sampled token"
@@ -218,7 +227,7 @@ def test_grpo_trains_on_llama_cpp_rollouts_restarting_the_server_on_each_new_lor
     # at another temperature than 1 the server reports its sampler chain's probabilities, softmax(logits / T)
     trainer.config.rollout.temperature = 0.7
     steps.append(trainer.train_step().metrics)
-    assert server.starts == 2 and served_alias() == alias, "step 2 sampled on the LoRA of step 1's update"
+    assert server.starts == 3 and served_alias() == alias, "step 2 sampled on the LoRA of step 1's update"
     gaps = [m["sampling/logp_abs_diff"] for m in steps]
     print(f"llama.cpp vs trainer log-probs, mean a token: warm start {gaps[0]:.2e}; after one update, at "
           f"temperature 0.7, {gaps[1]:.2e}; step seconds {[round(m['timing/step_s'], 1) for m in steps]}")
@@ -227,6 +236,7 @@ def test_grpo_trains_on_llama_cpp_rollouts_restarting_the_server_on_each_new_lor
     assert server.close in at_exit, "the server is stopped when the process exits"
     server.close()
     assert not (rollout_env / "llama-rollout.pid").exists()
+    assert engines.llama_rollout_server() is not server, "a closed server is not handed out again"
     with pytest.raises(LlamaServerError):
         served_alias()
 

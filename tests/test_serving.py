@@ -282,3 +282,28 @@ def test_where_it_is_served_the_engine_and_reader_can_change_and_a_bad_one_is_na
     monkeypatch.setenv(READER_ENV, "gpt-9")
     with pytest.raises(UserError, match="MEMALPHA_WRITER_READER='gpt-9'"):
         served_config(config)
+
+
+def test_a_server_the_writer_needs_being_down_is_a_short_503_and_a_bad_setting_a_400():
+    from mlflow.exceptions import MlflowException
+
+    from memalpha.models.llamacpp import LlamaServerError
+    from memalpha.errors import UserError
+    from serving.writer_model import write_or_explain
+
+    def down(conversations):
+        raise LlamaServerError("the llama.cpp server qwen2.5-coder-1.5b at 127.0.0.1:8202 is down: "
+                               "start it with `bash infra/servers.sh start-llama qwen2.5-coder-1.5b`" + " ..." * 400)
+
+    def refused(conversations):
+        raise UserError("model.reader=qwen2.5-coder-1.5b: the model is not prepared (`make llm`)")
+
+    with pytest.raises(MlflowException) as down_error:
+        write_or_explain(down, ["a"])
+    assert down_error.value.get_http_status_code() == 503
+    assert down_error.value.message.startswith("the llama.cpp server qwen2.5-coder-1.5b")
+    assert down_error.value.message.endswith("characters cut)"), "the message is cut short"
+    with pytest.raises(MlflowException, match="make llm") as refused_error:
+        write_or_explain(refused, ["a"])
+    assert refused_error.value.get_http_status_code() == 400
+    assert write_or_explain(lambda conversations: [c.upper() for c in conversations], ["a"]) == ["A"]

@@ -167,6 +167,8 @@ class LlamaRolloutServer:
         # the state folder and port offset of its start, so the stop at exit finds the same server
         self.env = dict(os.environ)
         self.fingerprint: str | None = None
+        self.exported: str | None = None
+        """The fingerprint of the LoRA converted in `folder`: a restart after a crash reuses it."""
         self.client = None
         self.starts = 0
         self.sync_s = 0.0
@@ -189,8 +191,11 @@ class LlamaRolloutServer:
             return
         start = time.perf_counter()
         self._forget()  # until the server runs this adapter
-        adapter = policy.save_adapter(self.folder / "adapter")
-        export(adapter, self.folder / "export", policy.name)
+        if fingerprint != self.exported:
+            self.exported = None  # until the new conversion is complete
+            adapter = policy.save_adapter(self.folder / "adapter")
+            export(adapter, self.folder / "export", policy.name)
+            self.exported = fingerprint
         self._servers("stop-llama")
         command = server_command(self.NAME, export_dir=self.folder / "export")
         self.starts += 1
@@ -223,12 +228,14 @@ class LlamaRolloutServer:
             raise
 
     def close(self) -> None:
-        """Stop the server (at exit, or by a caller done with it)."""
+        """Stop the server (at exit, or by a caller done with it); the next `llama_rollout_server` makes a new one."""
         self._forget()
         if self.starts:
             self._servers("stop-llama")
-        self.starts = 0
+        self.starts, self.exported = 0, None
         shutil.rmtree(self.folder, ignore_errors=True)
+        for key in [k for k, server in _ROLLOUT_SERVERS.items() if server is self]:
+            del _ROLLOUT_SERVERS[key]
 
 
 _ROLLOUT_SERVERS: dict[tuple[str, str], LlamaRolloutServer] = {}
