@@ -67,7 +67,14 @@ RECIPE_POLICY = POLICY == "smollm2-135m-instruct"
 TEACHER = os.environ.get("MEMALPHA_BENCH_REAL_TEACHER", "rule" if RECIPE_POLICY else "llm:qwen2.5-coder-1.5b")
 TEACHER_WINDOWS = int(os.environ.get("MEMALPHA_BENCH_REAL_TEACHER_WINDOWS", "16"))
 """An LLM teacher's windows of each dataset: 32 windows x 4 samples is about 2 hours of the 1.5B on 2 cores."""
-RUN_ROOT = ROOT / "runs" / ("bench-real" if RECIPE_POLICY else f"bench-real-{POLICY}")
+
+
+def run_root(policy: str) -> Path:
+    """Where a policy's warm start and GRPO seeds live."""
+    return ROOT / "runs" / ("bench-real" if policy == "smollm2-135m-instruct" else f"bench-real-{policy}")
+
+
+RUN_ROOT = run_root(POLICY)
 MEMORIES = ROOT / "runs" / "bench-real" / "memories"
 WRITER = ROOT / "adapters" / "writer"
 BASE_WARM_START = ROOT / "adapters" / "warm-start"
@@ -193,8 +200,10 @@ def method_key(method: str, adapter: Path | None) -> str:
     return "adapter-" + _digest((Path(adapter) / "adapter_model.safetensors").read_bytes())
 
 
-def build(config, instances, method: str, adapter: Path | None, folder: Path) -> tuple[list, float]:
-    """The method's build for `instances`, from the cache or made now (and cached); its seconds."""
+def build(config, instances, method: str, adapter: Path | None, folder: Path, counting=None) -> tuple[list, float]:
+    """The method's build for `instances`, from the cache or made now (and cached); its seconds. Sizes and the
+    reader budget are counted by `counting`'s policy tokenizer (default `config`'s), so that writers of another
+    policy are measured like the others."""
     from bench.run_all import write_atomically
     from memalpha.evaluation.answering import policy_tokenizer, token_counter
     from memalpha.evaluation.methods import Built, EvalEnv, make_method
@@ -203,7 +212,7 @@ def build(config, instances, method: str, adapter: Path | None, folder: Path) ->
     if path.is_file():
         kept = json.loads(path.read_text())
         return [Built(**b) for b in kept["built"]], kept["seconds"]
-    tokenizer, _ = policy_tokenizer(config)
+    tokenizer, _ = policy_tokenizer(counting or config)
     env = EvalEnv(config, token_counter(tokenizer), progress=lambda line: print(line, flush=True))
     made = make_method(method, env, adapter)
     started = time.perf_counter()

@@ -35,19 +35,26 @@ from bench import BenchmarkSkipped
 from bench.bench_real import (
     DIALOGUE_WARM_START,
     LOCOMO_CATEGORIES,
-    ON_CPU,
     MEMORIES,
+    ON_CPU,
+    SEEDS,
+    STEPS,
     WRITER,
     build,
     data_key,
     method_key,
     paired_difference,
     prepare_data,
+    run_root,
     seed_config,
+    seeds_mean,
     summarize_rows,
     test_sets,
 )
 
+STUDENT = "qwen2.5-coder-0.5b"
+"""The policy trained by `bench_real` with MEMALPHA_BENCH_REAL_POLICY: its warm start and seeds join the report
+when they exist (`warm_start_0.5b`, `trained_0.5b_seed<N>`, their mean `trained_0.5b`)."""
 READER = os.environ.get("MEMALPHA_BENCH_LLM_READER", "qwen2.5-coder-1.5b")
 PER_CELL = int(os.environ.get("MEMALPHA_BENCH_LLM_PER_CELL", "4"))
 SAMPLE_SEED = 0
@@ -83,8 +90,10 @@ def restricted(instances, built, keep: set[tuple[str, str]]):
     return out_instances, out_built
 
 
-def answered(config, instances, name: str, keep, folder: Path, adapters: dict[str, Path], tag: str) -> Path:
-    """The sampled questions of one method answered by READER; the rows' cache file (`folder/tag/<key>.json`)."""
+def answered(config, instances, name: str, keep, folder: Path, adapters: dict[str, Path], tag: str,
+             policies: dict[str, str]) -> Path:
+    """The sampled questions of one method answered by READER; the rows' cache file (`folder/tag/<key>.json`).
+    A method in `policies` writes with that policy (its adapter's base); sizes are counted as for the others."""
     from bench.run_all import write_atomically
     from memalpha.data.chunking import TokenCounts
     from memalpha.evaluation.answering import LazyReader, answer_built, policy_tokenizer
@@ -95,7 +104,9 @@ def answered(config, instances, name: str, keep, folder: Path, adapters: dict[st
     if path.is_file():
         return path
     print(f"{name}: building", flush=True)
-    built, build_s = build(config, instances, method, adapter, folder)
+    writer = config if name not in policies else config.model_copy(
+        update={"model": config.model.model_copy(update={"policy": policies[name]})})
+    built, build_s = build(writer, instances, method, adapter, folder, counting=config)
     tokenizer, _ = policy_tokenizer(config)
     input_tokens = [sum(TokenCounts(tokenizer).counts(i.chunks)) for i in instances]
     some, some_built = restricted(instances, built, keep)
@@ -114,10 +125,11 @@ def answered(config, instances, name: str, keep, folder: Path, adapters: dict[st
 
 
 def answer_methods(config, instances, keep, folder: Path, methods: tuple[str, ...], adapters: dict[str, Path],
-                   tag: str, state: Path, group: str = "question_type") -> dict[str, Any]:
+                   tag: str, state: Path, group: str = "question_type", policies: dict[str, str] | None = None
+                   ) -> tuple[dict[str, Any], dict[str, dict]]:
     """Every method of `methods`, in order, built and its sampled questions answered by READER, the llama.cpp
-    servers it needs started (and stopped) here unless already up: {"methods": {name: summary by `group`},
-    "minus_rag": {name: paired difference}}."""
+    servers it needs started (and stopped) here unless already up. Returns the report ({"methods": {name:
+    summary by `group`}, "minus_rag": {name: paired difference}}) and each method's {question: score}."""
     from bench.llama_server import local_llama_server
     from memalpha.models.llamacpp import check_server
 
@@ -133,32 +145,78 @@ def answer_methods(config, instances, keep, folder: Path, methods: tuple[str, ..
         for name in methods:
             if name in LLM_WRITER_SERVERS:
                 serve(LLM_WRITER_SERVERS[name])
-            paths[name] = answered(config, instances, name, keep, folder, adapters, tag)
+            paths[name] = answered(config, instances, name, keep, folder, adapters, tag, policies or {})
     kept = {name: json.loads(path.read_text()) for name, path in paths.items()}
     scores = {name: {(r["instance_id"], r["question_id"]): r["score"] for r in k["rows"]} for name, k in kept.items()}
     return {"methods": {name: summarize_rows(k, group) for name, k in kept.items()},
             "minus_rag": {name: paired_difference([scores[name]], scores["rag"]) for name in scores if name != "rag"}
-            if "rag" in scores else {}}
+            if "rag" in scores else {}}, scores
 
 
 def run() -> dict[str, Any]:
     import torch
+
+    from memalpha.config import DEFAULT_POLICY
 
     if not torch.cuda.is_available() and not ON_CPU:
         raise BenchmarkSkipped("hours on a CPU (two LLM writers over 7 whole LoCoMo conversations, every method read "
                                "by an LLM); set MEMALPHA_BENCH_REAL_ON_CPU=1 to run it anyway")
     started = time.perf_counter()
     data = prepare_data()
-    config = seed_config(0, data)
+    config = seed_config(0, data)  # the recipe's, whatever MEMALPHA_BENCH_REAL_POLICY says: it counts every size
+    config = config.model_copy(update={"model": config.model.model_copy(update={"policy": DEFAULT_POLICY})})
     instances = test_sets(data)["locomo"]
     keep = sample(instances)
-    report = answer_methods(config, instances, keep, MEMORIES / f"locomo-{data_key(instances)}", METHODS,
-                            ADAPTERS, f"{READER}-sample{PER_CELL}s{SAMPLE_SEED}", MEMORIES.parent / "llama-state")
+    students = student_adapters()
+    report, scores = answer_methods(
+        config, instances, keep, MEMORIES / f"locomo-{data_key(instances)}", METHODS + tuple(students),
+        {**ADAPTERS, **students}, f"{READER}-sample{PER_CELL}s{SAMPLE_SEED}", MEMORIES.parent / "llama-state",
+        policies={name: STUDENT for name in students})
+    seeds = [name for name in report["methods"] if name.startswith("trained_0.5b_seed")]
+    if seeds:
+        report["methods"] = {"trained_0.5b": seeds_mean([report["methods"][s] for s in seeds]), **report["methods"]}
+        report["trained_minus"] = {name: paired_difference([scores[s] for s in seeds], theirs)
+                                   for name, theirs in scores.items() if name not in seeds}
+        report["targets"] = targets(report)
     return {"reader": READER, "sample": {"per_cell": PER_CELL, "seed": SAMPLE_SEED, "questions": len(keep),
                                          "of": sum(len(i.questions) for i in instances)},
             "conversations": len(instances), "chunks": sum(len(i.chunks) for i in instances),
             **report, "not_run": [m for m in ALL_METHODS if m not in report["methods"]],
             "minutes_this_run": round((time.perf_counter() - started) / 60, 1)}
+
+
+def student_adapters() -> dict[str, Path]:
+    """The 0.5B writer's warm start and trained seeds (`bench_real` with MEMALPHA_BENCH_REAL_POLICY=STUDENT), those
+    that exist: {method name: adapter folder}."""
+    from memalpha.training.checkpoint import SFT_DIR, checkpoint_dir, policy_adapter
+
+    root = run_root(STUDENT)
+    found = {"warm_start_0.5b": root / "warm-start" / SFT_DIR,
+             **{f"trained_0.5b_seed{s}": policy_adapter(checkpoint_dir(root / f"seed{s}", STEPS)) for s in SEEDS}}
+    return {name: path for name, path in found.items() if (path / "adapter_model.safetensors").is_file()}
+
+
+def targets(report: dict[str, Any]) -> dict[str, bool]:
+    """The 0.5B writer's targets under the LLM reader (those whose methods ran)."""
+    m, minus = report["methods"], report["trained_minus"]
+    t = m["trained_0.5b"]
+    above = {name: minus[name]["ci95"][0] > 0 for name in minus}
+    checks = {
+        "trained 0.5B > BM25 RAG top-2 with <= 25% of its memory tokens": lambda: t["qa"] > m["rag"]["qa"]
+        and t["memory_tokens"] <= 0.25 * m["rag"]["memory_tokens"],
+        "trained 0.5B > its warm start (paired 95% interval above 0)": lambda: above["warm_start_0.5b"],
+        "trained 0.5B > untrained 0.5B llm_writer (paired 95% interval above 0)": lambda: above["llm_writer_0.5b"],
+        "trained 0.5B F1 >= 1.5x the untrained 0.5B's": lambda: t["f1"] >= 1.5 * m["llm_writer_0.5b"]["f1"],
+        "trained 0.5B >= untrained 1.5B llm_writer": lambda: t["qa"] >= m["llm_writer_1.5b"]["qa"],
+        "ships: trained 0.5B > the shipped 135M writer (paired 95% interval above 0)": lambda: above["shipped_writer"],
+    }
+    met = {}
+    for name, check in checks.items():
+        try:
+            met[name] = bool(check())
+        except KeyError:  # a method it needs is not run yet
+            continue
+    return met
 
 
 def method_table(results: dict[str, Any], groups: tuple[str, ...]) -> list[str]:
@@ -185,4 +243,12 @@ def to_markdown(results: dict[str, Any]) -> str:
              f"answered, {s['per_cell']} drawn from each (conversation, category) cell with seed {s['seed']}. BM25 top-20 "
              "retrieval, 1,024-token reader budget. qa: substring match; f1: LoCoMo's token F1. "
              f"{results['minutes_this_run']} min this run (cached builds and answers are read, not redone).", ""]
-    return "\n".join(lines + method_table(results, LOCOMO_CATEGORIES)) + "\n"
+    lines += method_table(results, LOCOMO_CATEGORIES)
+    if results.get("trained_minus"):
+        lines += ["", "`trained_0.5b` is the mean of its seeds. Trained 0.5B minus each method, paired by question (mean "
+                  "over seeds per question; 95% bootstrap interval): " + "; ".join(
+                      f"{name} {d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
+                      for name, d in results["trained_minus"].items()),
+                  "", "| target | met |", "|---|---|"]
+        lines += [f"| {name} | {'met' if met else 'missed'} |" for name, met in results["targets"].items()]
+    return "\n".join(lines) + "\n"
