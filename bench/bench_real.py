@@ -147,17 +147,25 @@ def warm_start(data: dict[str, Path]) -> Path:
 
 def taught_warm_start(config, out: Path) -> None:
     """SFT of the policy on the LLM teacher's demonstrations (`memalpha sft --teacher`), its server started here
-    unless one is up; the teacher's samples resume from their cache."""
+    unless one is up; the teacher's samples resume from their cache. Shipped to `adapters/warm-start-<policy>`
+    with its record, and restored from there instead when its hash is this recipe's."""
     from contextlib import ExitStack
 
     from bench.llama_server import local_llama_server
     from memalpha.models.llamacpp import check_server
     from memalpha.models.policy import load_policy
     from memalpha.progress import SFTProgress
+    from memalpha.teacher import record
     from memalpha.teacher.llm_teacher import LLMTeacher
-    from memalpha.teacher.warm_start import warm_start_data, warm_start as train_warm_start
+    from memalpha.teacher.warm_start import ship_warm_start, warm_start_data, warm_start as train_warm_start
 
     teacher = LLMTeacher.from_spec(TEACHER, windows=TEACHER_WINDOWS, say=lambda line: print(line, flush=True))
+    shipped = ROOT / "adapters" / f"warm-start-{POLICY}"
+    kept = record.read_record(shipped)
+    if kept is not None and kept["hash"] == record.warm_start_hash(config, teacher.describe()):
+        print(f"warm start: {shipped.relative_to(ROOT)} is this recipe's (hash {kept['hash']}): restored", flush=True)
+        record.restore(shipped, out)
+        return
     with ExitStack() as servers:
         try:
             check_server(teacher.model)
@@ -167,6 +175,8 @@ def taught_warm_start(config, out: Path) -> None:
         train, held_out = warm_start_data(config, policy.tokenizer)
         train_warm_start(config, out, policy, train, held_out, on_log=SFTProgress(lambda line: print(line, flush=True)),
                          teacher=teacher)
+    entry = ship_warm_start(config, out, policy, held_out, shipped, teacher.describe())
+    print(f"warm start shipped to {shipped.relative_to(ROOT)} (hash {entry['hash']})", flush=True)
 
 
 def train_seed(seed: int, warm: Path, data: dict[str, Path]) -> list[dict[str, Any]]:
