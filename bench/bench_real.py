@@ -41,6 +41,7 @@ import json
 import os
 import statistics
 import time
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ SEEDS = tuple(int(s) for s in os.environ.get("MEMALPHA_BENCH_REAL_SEEDS", "0 1 2
 STEPS = int(os.environ.get("MEMALPHA_BENCH_REAL_STEPS", "20"))
 ON_CPU = os.environ.get("MEMALPHA_BENCH_REAL_ON_CPU") == "1"
 SHIP = os.environ.get("MEMALPHA_BENCH_REAL_SHIP") == "1"
+"""Ship the trained writer (the recipe's policy) or an LLM-taught warm start (another policy) into adapters/."""
 STAGE = os.environ.get("MEMALPHA_BENCH_REAL_STAGE", "all")
 """`prep`, `warm-start`, `train` or `all`: stop after that stage (a long run in parts)."""
 LOCOMO = Path(os.environ.get("MEMALPHA_LOCOMO", ROOT / "data" / "raw" / "locomo10.json"))
@@ -65,8 +67,9 @@ POLICY = os.environ.get("MEMALPHA_BENCH_REAL_POLICY", "smollm2-135m-instruct")
 RECIPE_POLICY = POLICY == "smollm2-135m-instruct"
 """The recipe's policy starts from the shipped 135M warm start; another gets a warm start of its own."""
 TEACHER = os.environ.get("MEMALPHA_BENCH_REAL_TEACHER", "rule" if RECIPE_POLICY else "llm:qwen2.5-coder-1.5b")
-TEACHER_WINDOWS = int(os.environ.get("MEMALPHA_BENCH_REAL_TEACHER_WINDOWS", "16"))
-"""An LLM teacher's windows of each dataset: 32 windows x 4 samples is about 2 hours of the 1.5B on 2 cores."""
+TEACHER_WINDOWS = int(os.environ.get("MEMALPHA_BENCH_REAL_TEACHER_WINDOWS", "16")) or None
+"""An LLM teacher's windows of each dataset (0: all of them): 2 x 16 windows x 4 samples is about 2 hours of the
+1.5B on 2 cores."""
 
 
 def run_root(policy: str) -> Path:
@@ -127,56 +130,61 @@ def seed_config(seed: int, data: dict[str, Path]):
 
 
 def warm_start(data: dict[str, Path]) -> Path:
-    """The seeds' one warm start, `RUN_ROOT/warm-start/sft`: DIALOGUE_WARM_START when its hash is this recipe's,
-    else trained once (by `TEACHER`'s demonstrations), then reused."""
+    """The seeds' one warm start, `RUN_ROOT/warm-start/sft`: the rule writer's (DIALOGUE_WARM_START when its hash
+    is this recipe's, else trained once, then reused) or an LLM teacher's (`taught_warm_start`)."""
     from memalpha.teacher.warm_start import prepare_warm_start
     from memalpha.training.checkpoint import SFT_DIR
 
     folder = RUN_ROOT / "warm-start"
     started = time.perf_counter()
-    if not (folder / SFT_DIR / "adapter_model.safetensors").is_file():
-        config = seed_config(SEEDS[0], data)
-        print(f"warm start of {POLICY}: SFT of {DEMONSTRATIONS} demonstrations by {TEACHER}", flush=True)
-        if TEACHER == "rule":
-            prepare_warm_start(config, folder, shipped=DIALOGUE_WARM_START)
-        else:
-            taught_warm_start(config, folder / SFT_DIR)
-        print(f"warm start done in {(time.perf_counter() - started) / 60:.1f} min", flush=True)
+    if TEACHER != "rule":
+        taught_warm_start(seed_config(SEEDS[0], data), folder / SFT_DIR)
+    elif not (folder / SFT_DIR / "adapter_model.safetensors").is_file():
+        print(f"warm start of {POLICY}: SFT of {DEMONSTRATIONS} demonstrations by the rule writer", flush=True)
+        prepare_warm_start(seed_config(SEEDS[0], data), folder, shipped=DIALOGUE_WARM_START)
+    print(f"warm start ready in {(time.perf_counter() - started) / 60:.1f} min", flush=True)
     return folder / SFT_DIR
 
 
 def taught_warm_start(config, out: Path) -> None:
-    """SFT of the policy on the LLM teacher's demonstrations (`memalpha sft --teacher`), its server started here
-    unless one is up; the teacher's samples resume from their cache. Shipped to `adapters/warm-start-<policy>`
-    with its record, and restored from there instead when its hash is this recipe's."""
-    from contextlib import ExitStack
-
+    """The warm start in `out` taught by the LLM `TEACHER` (`memalpha sft --teacher`): restored from
+    `adapters/warm-start-<policy>` when its record's hash is this recipe's and `out` is empty; else trained
+    (an adapter already in `out` is reused when the same teacher taught it, refused otherwise), its teacher's
+    server started only while windows are missing from the sample cache. With MEMALPHA_BENCH_REAL_SHIP=1 it
+    is shipped there, with its record, unless that already holds it."""
     from bench.llama_server import local_llama_server
+    from memalpha.errors import UserError
     from memalpha.models.llamacpp import check_server
     from memalpha.models.policy import load_policy
     from memalpha.progress import SFTProgress
     from memalpha.teacher import record
     from memalpha.teacher.llm_teacher import LLMTeacher
-    from memalpha.teacher.warm_start import ship_warm_start, warm_start_data, warm_start as train_warm_start
+    from memalpha.teacher.warm_start import ADAPTER_FILE, ship_warm_start, warm_start_data, warm_start as train
 
-    teacher = LLMTeacher.from_spec(TEACHER, windows=TEACHER_WINDOWS, say=lambda line: print(line, flush=True))
+    def server():  # one that is up (the user's) is used as it is
+        try:
+            check_server(model)
+            return nullcontext()
+        except UserError:
+            return local_llama_server(RUN_ROOT / "llama-state" / model, model, offset=0)
+
+    model = TEACHER.removeprefix("llm:")
+    teacher = LLMTeacher.from_spec(TEACHER, windows=TEACHER_WINDOWS, say=lambda line: print(line, flush=True),
+                                   server=server)
     shipped = ROOT / "adapters" / f"warm-start-{POLICY}"
-    kept = record.read_record(shipped)
-    if kept is not None and kept["hash"] == record.warm_start_hash(config, teacher.describe()):
-        print(f"warm start: {shipped.relative_to(ROOT)} is this recipe's (hash {kept['hash']}): restored", flush=True)
+    wanted, kept = record.warm_start_hash(config, teacher.describe()), record.read_record(shipped)
+    if kept is not None and kept["hash"] == wanted and not (out / ADAPTER_FILE).is_file():
+        print(f"warm start: {shipped.relative_to(ROOT)} is this recipe's (hash {wanted}): restored", flush=True)
         record.restore(shipped, out)
         return
-    with ExitStack() as servers:
-        try:
-            check_server(teacher.model)
-        except Exception:
-            servers.enter_context(local_llama_server(RUN_ROOT / "llama-state" / teacher.model, teacher.model, offset=0))
-        policy = load_policy(config.model, seed=config.grpo.seed)
-        train, held_out = warm_start_data(config, policy.tokenizer)
-        train_warm_start(config, out, policy, train, held_out, on_log=SFTProgress(lambda line: print(line, flush=True)),
-                         teacher=teacher)
-    entry = ship_warm_start(config, out, policy, held_out, shipped, teacher.describe())
-    print(f"warm start shipped to {shipped.relative_to(ROOT)} (hash {entry['hash']})", flush=True)
+    print(f"warm start of {POLICY}: SFT of up to {DEMONSTRATIONS} demonstrations taught by {TEACHER} "
+          f"(best of {teacher.samples}, {TEACHER_WINDOWS or 'all'} windows a dataset)", flush=True)
+    policy = load_policy(config.model, seed=config.grpo.seed)
+    train_set, held_out = warm_start_data(config, policy.tokenizer)
+    train(config, out, policy, train_set, held_out, on_log=SFTProgress(lambda line: print(line, flush=True)), teacher=teacher)
+    if SHIP and (kept is None or kept["hash"] != wanted):
+        entry = ship_warm_start(config, out, policy, held_out, shipped, teacher.describe())
+        print(f"warm start shipped to {shipped.relative_to(ROOT)} (hash {entry['hash']})", flush=True)
 
 
 def train_seed(seed: int, warm: Path, data: dict[str, Path]) -> list[dict[str, Any]]:

@@ -9,7 +9,9 @@ cache, so neither report writes a memory twice); only the answering is restricte
 
 Methods: the writers that need no GRPO run of this report (the shipped 135M writer, its dialogue warm start,
 the rule writer), the prompted LLM writers (`llm_writer_0.5b`, `llm_writer_1.5b`, grammar-constrained on
-llama.cpp), BM25 RAG top-2, long context, no memory and the reader's ceiling `oracle_evidence`; qa
+llama.cpp), BM25 RAG top-2, long context, no memory and the reader's ceiling `oracle_evidence`; and, once
+`bench_real` has trained them (MEMALPHA_BENCH_REAL_POLICY=qwen2.5-coder-0.5b, with this run's
+MEMALPHA_BENCH_REAL_SEEDS and _STEPS), the 0.5B writer's warm start and seeds, their mean and its targets; qa
 (substring match) and LoCoMo's token F1 by category, memory tokens, minutes, and each method minus RAG
 paired by question with a 95% bootstrap interval. Resumable: each method's build and answers are cached,
 and the methods run in `METHODS` order, so a stopped run loses at most the method it was on.

@@ -159,8 +159,9 @@ class MemoryWriterModel(PythonModel):
 
 
 def write_or_explain(write: Callable[[list], list], conversations: list) -> list:
-    """`write(conversations)`, its known failures as short MLflow errors: a server it needs is down (503), the
-    request cannot be written as configured (400). Anything else is the scoring server's 500 with its log."""
+    """`write(conversations)`, its known failures as short MLflow errors: a server it needs is down (503; checked
+    first, as a server that is not up is both), the request cannot be written as configured (400). Anything else
+    keeps the scoring server's own answer, its traceback in the log (`short_scoring_errors`)."""
     from memalpha.errors import ServiceError, UserError
 
     try:

@@ -27,6 +27,7 @@ from memalpha.env.prompts import writer_messages
 from memalpha.env.tools import tool_call_grammar
 from memalpha.errors import UserError
 from memalpha.evaluation.methods import EvalEnv, make_method
+from memalpha.memory import MemoryStore
 from memalpha.memory.schema import get_schema
 from memalpha.models import llamacpp, loading
 from memalpha.models.llamacpp import LlamaCppClient, LlamaServerError, export_alias, file_sha256, served_policy
@@ -115,6 +116,8 @@ def test_the_prompted_llm_writer_writes_memory_through_the_tools(server):
     assert 0 < built.tool_calls <= 2 * 8 and built.tool_calls_ok >= 1
     assert any(built.memory["lists"].values()) or built.memory["paragraphs"].get("core")
     assert len(built.contexts) == 10 and built.memory_tokens > 0
+    # sized by the evaluation's counter (SmolLM2's tokenizer), like every other method, not by the writer's (Qwen's)
+    assert built.memory_tokens == MemoryStore.from_dict(built.memory, env.count_tokens).token_count()
 
 
 @on_llama_cpp

@@ -267,6 +267,23 @@ def test_another_draw_or_an_edited_window_writes_only_what_the_cache_lacks(cache
     assert len(sample_cache(config, teacher_of()).read_text().splitlines()) == 3
 
 
+def test_the_teachers_server_runs_only_while_windows_are_written(cache, config, student):
+    from contextlib import contextmanager
+
+    count, calls, entered = tokenizer_counter(student), [], []
+
+    @contextmanager
+    def server():
+        entered.append(list(calls))  # what had been written when the server came up
+        yield
+        entered.append("stopped")
+
+    with stubbed_writer(calls, config, count):
+        LLMTeacher(TEACHER, samples=2, say=lambda _line: None, server=server).labels([short_window()], config, count)
+        LLMTeacher(TEACHER, samples=2, say=lambda _line: None, server=server).labels([short_window()], config, count)
+    assert calls == ["short"] and entered == [[], "stopped"], "up for the missing window, not for a cached one"
+
+
 def test_a_record_that_is_not_whole_is_written_again(tmp_path, config, student):
     window, count = short_window(), tokenizer_counter(student)
     good = record_of(window, [["a", "b"]], config, count)

@@ -284,9 +284,10 @@ def test_where_it_is_served_the_engine_and_reader_can_change_and_a_bad_one_is_na
         served_config(config)
 
 
-def test_a_server_the_writer_needs_being_down_is_a_short_503_and_a_bad_setting_a_400():
+def test_a_server_the_writer_needs_being_down_is_a_short_503_and_a_bad_setting_a_400(monkeypatch):
     from mlflow.exceptions import MlflowException
 
+    from memalpha.models import llamacpp
     from memalpha.models.llamacpp import LlamaServerError
     from memalpha.errors import UserError
     from serving.writer_model import write_or_explain
@@ -298,6 +299,9 @@ def test_a_server_the_writer_needs_being_down_is_a_short_503_and_a_bad_setting_a
     def refused(conversations):
         raise UserError("model.reader=qwen2.5-coder-1.5b: the model is not prepared (`make llm`)")
 
+    def not_up(conversations):  # the reader's server is checked when the first questions arrive
+        llamacpp.check_server("qwen2.5-coder-1.5b", timeout=0.5)
+
     with pytest.raises(MlflowException) as down_error:
         write_or_explain(down, ["a"])
     assert down_error.value.get_http_status_code() == 503
@@ -307,3 +311,7 @@ def test_a_server_the_writer_needs_being_down_is_a_short_503_and_a_bad_setting_a
         write_or_explain(refused, ["a"])
     assert refused_error.value.get_http_status_code() == 400
     assert write_or_explain(lambda conversations: [c.upper() for c in conversations], ["a"]) == ["A"]
+    monkeypatch.setenv("MEMALPHA_LLAMA_PORT_OFFSET", "990")  # no server there
+    with pytest.raises(MlflowException, match="start-llama qwen2.5-coder-1.5b") as not_up_error:
+        write_or_explain(not_up, ["a"])
+    assert not_up_error.value.get_http_status_code() == 503

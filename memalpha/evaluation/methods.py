@@ -335,10 +335,13 @@ class PolicyMethod(Method):
                     # the policy wrote without the questions: their support is read off each step's memory now
                     supports = [memory_support(w.instance.questions, whole_memory_text(MemoryStore.from_json(s.memory_json)))
                                 for s in w.samples]
-                    index = MemoryIndex(w.memory, self.env.config.retrieval, self.env.embedder)
+                    # measured by the evaluation's one counter, not the writer's tokenizer: every method's sizes
+                    # and reader budget in the same tokens
+                    memory = MemoryStore.from_dict(w.memory.to_dict(), self.env.count_tokens)
+                    index = MemoryIndex(memory, self.env.config.retrieval, self.env.embedder)
                     built.append(Built(
-                        contexts=self.env.memory_contexts(w.memory, index, w.instance),
-                        memory_tokens=w.memory.token_count(),
+                        contexts=self.env.memory_contexts(memory, index, w.instance),
+                        memory_tokens=memory.token_count(),
                         tool_calls=len(results),
                         tool_calls_ok=sum(r.ok for r in results),
                         seconds=elapsed / len(written),

@@ -103,18 +103,23 @@ def export_alias(name: str, adapter_sha256: str) -> str:
     return f"{name}-{adapter_sha256[:12]}"
 
 
+class LlamaServerDown(LlamaServerError, UserError):
+    """No llama.cpp server answers where one is needed: to a command, a setup step (UserError: exit code 2 and
+    how to start it); to a service, a server it needs is down (ServiceError: the served writer's 503)."""
+
+
 def check_server(name: str, timeout: float = 5.0) -> None:
-    """Raise a UserError saying how to start it when the server of `name` does not answer /health."""
+    """Raise LlamaServerDown saying how to start it when the server of `name` does not answer /health."""
     import httpx
 
     url = server_url(name)
     try:
         response = httpx.get(f"{url}/health", timeout=timeout)
     except httpx.HTTPError as exc:
-        raise UserError(f"no llama.cpp server for {name!r} answers at {url} ({type(exc).__name__}); start it with "
+        raise LlamaServerDown(f"no llama.cpp server for {name!r} answers at {url} ({type(exc).__name__}); start it with "
                         f"`bash infra/servers.sh start-llama {name}` (after `make llm`)") from None
     if response.status_code != 200:
-        raise UserError(f"the llama.cpp server for {name!r} at {url} is not ready (HTTP {response.status_code}); "
+        raise LlamaServerDown(f"the llama.cpp server for {name!r} at {url} is not ready (HTTP {response.status_code}); "
                         f"see infra/state/llama-{name}.log")
 
 

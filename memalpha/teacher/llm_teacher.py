@@ -29,6 +29,7 @@ import os
 import random
 import time
 from collections import Counter
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -179,6 +180,9 @@ class LLMTeacher:
     """Write at most this many windows of each dataset (a draw seeded by `grpo.seed`); None: all."""
     temperature: float = TEMPERATURE
     say: Callable[[str], None] = field(default=print, repr=False, compare=False)
+    server: Callable[[], AbstractContextManager] | None = field(default=None, repr=False, compare=False)
+    """A context the model's llama.cpp server runs in while windows are written (a benchmark starts it there);
+    None: it is up already. Nothing is started when every window is cached."""
     stats: TeacherStats = field(default_factory=TeacherStats, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -242,6 +246,10 @@ class LLMTeacher:
     def _write(self, missing: list[Instance], config: RunConfig, path: Path) -> dict[str, dict[str, Any]]:
         """Write the `missing` windows on the served LLM, appending each to the cache as it is written; a line
         every PROGRESS_EVERY_S seconds as chunks are written, and at least every 30 s during a long request."""
+        with self.server() if self.server is not None else nullcontext():
+            return self._write_served(missing, config, path)
+
+    def _write_served(self, missing: list[Instance], config: RunConfig, path: Path) -> dict[str, dict[str, Any]]:
         writer = _Writer(self, config)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.with_suffix(".json").write_text(json.dumps(cache_fields(config, self), indent=1, sort_keys=True) + "\n")
