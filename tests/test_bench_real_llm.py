@@ -65,3 +65,15 @@ def test_targets_follow_the_intervals_and_skip_what_did_not_run():
         "trained 0.5B F1 >= 1.5x the untrained 0.5B's": False,  # 0.31 < 1.5 x 0.25
         "ships: trained 0.5B > the shipped 135M writer (paired 95% interval above 0)": False,
     }, "the warm start and the 1.5B writer did not run: no verdict on them"
+
+
+def test_the_learning_sample_takes_the_same_questions_of_every_conversation_each_run():
+    from bench.bench_learning_llm import sample
+    from memalpha.data.schema import Instance, Question
+
+    instances = [Instance(f"i{n}", "synthetic", "accurate_retrieval" if n % 2 else "conflict_resolution", ["chunk"],
+                          [Question(f"q{k}", "?", ["a"], "single_hop") for k in range(6 if n else 1)]) for n in range(4)]
+    chosen = sample(instances, per_instance=2, seed=0)
+    assert len(chosen) == 1 + 3 * 2, "every question of a conversation with fewer, two of each other"
+    assert {i for i, _ in chosen} == {"i0", "i1", "i2", "i3"}
+    assert sample(instances, per_instance=2, seed=0) == chosen != sample(instances, per_instance=2, seed=1)
