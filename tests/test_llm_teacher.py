@@ -317,6 +317,13 @@ def test_an_adapter_another_teacher_taught_is_not_reused(tmp_path, config):
     policy = Policy()
     assert warm_start(config, out, policy, [], teacher=llm) == out and policy.loaded == out
 
+    # restored from a shipped warm start: no sft_result.json, its record names the teacher
+    (out / "sft_result.json").unlink()
+    (out / "record.json").write_text(json.dumps({"hash": "h", "recipe": {"teacher": llm.describe()}}))
+    assert warm_start(config, out, Policy(), [], teacher=llm) == out
+    with pytest.raises(UserError, match="holds a warm start taught by"):
+        warm_start(config, out, Policy(), [], teacher=teacher_of(samples=4))
+
 
 @contextmanager
 def counted(requests: list):

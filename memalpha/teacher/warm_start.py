@@ -98,9 +98,14 @@ def warm_start(config: RunConfig, out: str | Path, policy, instances: list[Insta
 
 
 def _teacher_of(adapter: Path) -> dict | None:
-    """The LLM teacher's description an adapter folder's sft_result.json records (None: the rule writer's)."""
+    """The LLM teacher's description an adapter folder records (None: the rule writer's): its sft_result.json's,
+    or, for one restored from a shipped warm start, its record's recipe."""
     result = adapter / "sft_result.json"
-    taught = json.loads(result.read_text()).get("teacher") if result.is_file() else None
+    if result.is_file():
+        taught = json.loads(result.read_text()).get("teacher")
+    else:
+        kept = record.read_record(adapter)
+        taught = kept["recipe"].get("teacher") if kept else None
     return {k: v for k, v in taught.items() if k != "stats"} if taught else None
 
 
