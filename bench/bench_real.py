@@ -163,12 +163,11 @@ def taught_warm_start(config, out: Path) -> None:
 
     def server():  # one that is up (the user's) is used as it is
         try:
-            check_server(model)
+            check_server(teacher.model)
             return nullcontext()
         except UserError:
-            return local_llama_server(RUN_ROOT / "llama-state" / model, model, offset=0)
+            return local_llama_server(RUN_ROOT / "llama-state" / teacher.model, teacher.model, offset=0)
 
-    model = TEACHER.removeprefix("llm:")
     teacher = LLMTeacher.from_spec(TEACHER, windows=TEACHER_WINDOWS, say=lambda line: print(line, flush=True),
                                    server=server)
     shipped = ROOT / "adapters" / f"warm-start-{POLICY}"

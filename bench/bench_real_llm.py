@@ -174,9 +174,8 @@ def run() -> dict[str, Any]:
         config, instances, keep, MEMORIES / f"locomo-{data_key(instances)}", METHODS + tuple(students),
         {**ADAPTERS, **students}, f"{READER}-sample{PER_CELL}s{SAMPLE_SEED}", MEMORIES.parent / "llama-state",
         policies={name: STUDENT for name in students})
-    seeds = [name for name in report["methods"] if name.startswith("trained_0.5b_seed")]
+    seeds = with_student_mean(report)
     if seeds:
-        report["methods"] = {"trained_0.5b": seeds_mean([report["methods"][s] for s in seeds]), **report["methods"]}
         report["trained_minus"] = {name: paired_difference([scores[s] for s in seeds], theirs)
                                    for name, theirs in scores.items() if name not in seeds}
         report["targets"] = targets(report)
@@ -185,6 +184,14 @@ def run() -> dict[str, Any]:
             "conversations": len(instances), "chunks": sum(len(i.chunks) for i in instances),
             **report, "not_run": [m for m in ALL_METHODS if m not in report["methods"]],
             "minutes_this_run": round((time.perf_counter() - started) / 60, 1)}
+
+
+def with_student_mean(report: dict[str, Any]) -> list[str]:
+    """The 0.5B's seeds among the report's methods; their mean put first as `trained_0.5b` when there are any."""
+    seeds = [name for name in report["methods"] if name.startswith("trained_0.5b_seed")]
+    if seeds:
+        report["methods"] = {"trained_0.5b": seeds_mean([report["methods"][s] for s in seeds]), **report["methods"]}
+    return seeds
 
 
 def student_adapters() -> dict[str, Path]:
