@@ -19,7 +19,8 @@ what synthetic training learned?).
 Another policy (`MEMALPHA_BENCH_REAL_POLICY=qwen2.5-coder-0.5b`) trains in `runs/bench-real-<policy>` from a
 warm start of its own: SFT of a fresh LoRA (the 135M warm start does not fit it) on the demonstrations of
 `MEMALPHA_BENCH_REAL_TEACHER` (by default for such a policy the LLM teacher `llm:qwen2.5-coder-1.5b`, best of
-4 samples of `TEACHER_WINDOWS` windows of each dataset; its llama.cpp server is started here when none is up).
+4 samples of `TEACHER_WINDOWS` windows of each real dataset, the rule writer's demonstrations of the synthetic
+data beside them (`TEACHER_SCOPE`); its llama.cpp server is started here when none is up).
 
 Resumable: runs live in `RUN_ROOT` and resume from their checkpoints; every method's build (the memories
 and reader contexts) is cached under `MEMORIES/<key>.json` (shared by every policy), keyed by the digest of the adapter
@@ -68,8 +69,11 @@ RECIPE_POLICY = POLICY == "smollm2-135m-instruct"
 """The recipe's policy starts from the shipped 135M warm start; another gets a warm start of its own."""
 TEACHER = os.environ.get("MEMALPHA_BENCH_REAL_TEACHER", "rule" if RECIPE_POLICY else "llm:qwen2.5-coder-1.5b")
 TEACHER_WINDOWS = int(os.environ.get("MEMALPHA_BENCH_REAL_TEACHER_WINDOWS", "16")) or None
-"""An LLM teacher's windows of each dataset (0: all of them): 2 x 16 windows x 4 samples is about 2 hours of the
-1.5B on 2 cores."""
+"""An LLM teacher's windows of each dataset it teaches (0: all of them): 16 windows x 4 samples is about 50 min
+of the 1.5B on 2 cores."""
+TEACHER_SCOPE = os.environ.get("MEMALPHA_BENCH_REAL_TEACHER_SCOPE", "dialogue")
+"""What an LLM teacher labels (`llm_teacher.SCOPES`): the LoCoMo (and PerLTQA) windows, the rule writer the
+synthetic data (`dialogue`, docs/experiments.md L-T2), or every dataset (`all`)."""
 
 
 def run_root(policy: str) -> Path:
@@ -168,8 +172,8 @@ def taught_warm_start(config, out: Path) -> None:
         except UserError:
             return local_llama_server(RUN_ROOT / "llama-state" / teacher.model, teacher.model, offset=0)
 
-    teacher = LLMTeacher.from_spec(TEACHER, windows=TEACHER_WINDOWS, say=lambda line: print(line, flush=True),
-                                   server=server)
+    teacher = LLMTeacher.from_spec(TEACHER, windows=TEACHER_WINDOWS, scope=TEACHER_SCOPE,
+                                   say=lambda line: print(line, flush=True), server=server)
     shipped = ROOT / "adapters" / f"warm-start-{POLICY}"
     wanted, kept = record.warm_start_hash(config, teacher.describe()), record.read_record(shipped)
     if kept is not None and kept["hash"] == wanted and not (out / ADAPTER_FILE).is_file():
@@ -177,7 +181,7 @@ def taught_warm_start(config, out: Path) -> None:
         record.restore(shipped, out)
         return
     print(f"warm start of {POLICY}: SFT of up to {DEMONSTRATIONS} demonstrations taught by {TEACHER} "
-          f"(best of {teacher.samples}, {TEACHER_WINDOWS or 'all'} windows a dataset)", flush=True)
+          f"(best of {teacher.samples}, {TEACHER_WINDOWS or 'all'} windows a dataset, teaching {TEACHER_SCOPE})", flush=True)
     policy = load_policy(config.model, seed=config.grpo.seed)
     train_set, held_out = warm_start_data(config, policy.tokenizer)
     train(config, out, policy, train_set, held_out, on_log=SFTProgress(lambda line: print(line, flush=True)), teacher=teacher)

@@ -361,3 +361,25 @@ def test_the_real_teacher_writes_scores_and_keeps_the_best_sample(cache, tiny, s
     demos = build_demonstrations([window], config, student, count=10, nothing_share=0.5,
                                  teacher=teacher_of(min_evidence=0.0))  # read from the cache, the server gone
     assert [(d.prompt, d.completion) for d in demos] == ([(episode.prompt(), best.labels[0])] if best.labels[0] else [])
+
+
+def test_a_dialogue_teacher_leaves_the_synthetic_data_to_the_rule_writer(cache, config, student):
+    from dataclasses import replace
+
+    from memalpha.teacher.demonstrations import build_mixed_demonstrations
+
+    count = tokenizer_counter(student)
+    synthetic = replace(short_window(), instance_id="synthetic")
+    dialogue = replace(short_window(), instance_id="dialogue", metadata={"evidence_turns": {"s0": ["Ana: Biscuit"]}})
+    write_cache(config, teacher_of(), [record_of(dialogue, [[f"{PUPPY}\n{LIBRARY}", NOTHING_TO_STORE]] * 2, config, count)])
+    teacher = teacher_of(scope="dialogue")  # the scope is not part of the cache key: the samples are the same
+    assert teacher.describe()["scope"] == "dialogue" and "scope" not in teacher_of().describe()
+    assert not teacher.teaches([synthetic]) and teacher.teaches([dialogue])
+    demos = build_mixed_demonstrations([[synthetic], [dialogue]], [1.0, 1.0], config, student, teacher=teacher)
+    # the dialogue window is the teacher's best sample; the synthetic one the rule writer's, with no sample cached
+    assert teacher.stats.windows == 1 and teacher.stats.kept == 1 and teacher.stats.generated == 0
+    by_window = {d.instance_id: d.completion for d in demos if d.chunk_index == 0}
+    assert by_window["dialogue"] == f"{PUPPY}\n{LIBRARY}"
+    assert by_window["synthetic"] != by_window["dialogue"] and "memory_insert" in by_window["synthetic"]
+    with pytest.raises(UserError, match="--teach"):
+        teacher_of(scope="synthetic")

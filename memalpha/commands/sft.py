@@ -39,6 +39,9 @@ def register(subparsers) -> None:
     parser.add_argument("--min-evidence", type=float, default=None,
                         help="LLM teacher: keep a window when its best episode's memory holds at least this share "
                              "of the answers the window states (default 0.5)")
+    parser.add_argument("--teach", choices=("all", "dialogue"), default=None,
+                        help="LLM teacher: label every dataset of the mix (all, the default), or only real dialogue "
+                             "(dialogue), the rule writer labelling the synthetic data")
     parser.add_argument("--windows", type=int, default=None,
                         help="LLM teacher: write at most this many training windows of each dataset, a seeded draw "
                              "(default: all)")
@@ -97,11 +100,12 @@ def _run(args) -> int:
 def _teacher(args, llm_teacher):
     """The LLM teacher `--teacher` names (None: the rule writer); its options only go with one."""
     options = {name: value for name, value in (("samples", args.samples), ("min_evidence", args.min_evidence),
-                                                 ("windows", args.windows)) if value is not None}
+                                                 ("windows", args.windows), ("scope", args.teach)) if value is not None}
     teacher = llm_teacher.LLMTeacher.from_spec(args.teacher, **options,
                                                say=lambda line: print(line, flush=True))
     if teacher is None and options:
-        raise UserError(f"--{next(iter(options)).replace('_', '-')} sets the LLM teacher: add --teacher llm:MODEL")
+        flag = {"scope": "teach"}.get(next(iter(options)), next(iter(options)))
+        raise UserError(f"--{flag.replace('_', '-')} sets the LLM teacher: add --teacher llm:MODEL")
     return teacher
 
 

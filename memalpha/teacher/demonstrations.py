@@ -145,11 +145,11 @@ def _rule_labels(config: RunConfig, counter: TokenCounter) -> Label:
 def _label_states(instances: list[Instance], config: RunConfig, tokenizer, stats: DemoStats,
                   teacher: LLMTeacher | None = None) -> tuple[list[Demonstration], list[Demonstration]]:
     """Walk each instance's episode, labelling the state before every chunk with the teacher's completion
-    (`_rule_labels` without a `teacher`), and advance by that label. Returns the writes and the skips that fit
+    (`_rule_labels` without a `teacher` or where it does not teach), and advance by that label. Returns the writes and the skips that fit
     `demonstration_max_length`; `stats` counts chunks, drops and the share of the calls that executed."""
     counter = tokenizer_counter(tokenizer)
     schema = config.memory.schema()
-    if teacher is None:
+    if teacher is None or not teacher.teaches(instances):
         label_of = _rule_labels(config, counter)
     else:
         instances, label_of = teacher.labels(instances, config, counter)

@@ -64,6 +64,10 @@ this bar and filtering is what makes the LLM a teacher; a memory holding less th
 states teaches the student to miss most of it."""
 PROGRESS_EVERY_S = 15.0
 CACHE_FOLDER = "demonstrations"
+SCOPES = ("all", "dialogue")
+"""What the LLM teaches: every dataset's windows, or only real dialogue's (windows that carry evidence turns),
+the rule writer keeping the synthetic ones. Prompted, the 1.5B kept 1 of 16 synthetic windows at
+MIN_EVIDENCE (docs/experiments.md, L-T1), while the rule writer labels every synthetic chunk."""
 
 
 def evidence_held(questions: list[Question], window_text: str, memory_text: str) -> float | None:
@@ -179,6 +183,8 @@ class LLMTeacher:
     windows: int | None = None
     """Write at most this many windows of each dataset (a draw seeded by `grpo.seed`); None: all."""
     temperature: float = TEMPERATURE
+    scope: str = "all"
+    """One of SCOPES."""
     say: Callable[[str], None] = field(default=print, repr=False, compare=False)
     server: Callable[[], AbstractContextManager] | None = field(default=None, repr=False, compare=False)
     """A context the model's llama.cpp server runs in while windows are written (a benchmark starts it there);
@@ -193,6 +199,8 @@ class LLMTeacher:
             raise UserError(f"--samples {self.samples}: the teacher needs at least 1 sample a window")
         if not 0.0 <= self.min_evidence <= 1.0:
             raise UserError(f"--min-evidence {self.min_evidence}: a share of a window's questions, in [0, 1]")
+        if self.scope not in SCOPES:
+            raise UserError(f"--teach {self.scope}: choose from {', '.join(SCOPES)}")
         if self.windows is not None and self.windows < 1:
             raise UserError(f"--windows {self.windows}: at least 1 (leave it out for every training window)")
 
@@ -209,7 +217,14 @@ class LLMTeacher:
     def describe(self) -> dict[str, Any]:
         """What the teacher is, for the warm start's record and hash (`teacher.record.warm_start_fields`)."""
         return {"model": self.model, "gguf_sha256": LLM_MODELS[self.model].sha256, "samples": self.samples,
-                "temperature": self.temperature, "min_evidence": self.min_evidence, "windows": self.windows}
+                "temperature": self.temperature, "min_evidence": self.min_evidence, "windows": self.windows,
+                **({"scope": self.scope} if self.scope != "all" else {})}
+
+    def teaches(self, instances: list[Instance]) -> bool:
+        """Whether this teacher labels `instances` (one dataset); False leaves them to the rule writer."""
+        from memalpha.teacher.evidence_writer import EvidenceWriter
+
+        return self.scope == "all" or any(EvidenceWriter.applies(i) for i in instances)
 
     def labels(self, instances: list[Instance], config: RunConfig, count_tokens: TokenCounter) -> tuple[list[Instance], Label]:
         """The windows whose best sample holds at least `min_evidence` of their evidence, and that sample's
@@ -285,10 +300,11 @@ def sample_cache(config: RunConfig, teacher: LLMTeacher) -> Path:
 def cache_fields(config: RunConfig, teacher: LLMTeacher) -> dict[str, Any]:
     """What the samples depend on besides their window (each record carries its window's digest): the teacher
     (model, its GGUF, samples, temperature), the seed, and what shapes its prompts and completions (memory
-    layout, retrieval, prompt and tools, token budgets). Not the threshold: it is applied when reading."""
+    layout, retrieval, prompt and tools, token budgets). Not the threshold: it is applied when reading; nor the
+    scope: a window's samples are the same whichever datasets the teacher labels."""
     schema = config.memory.schema()
     return {
-        "teacher": {k: v for k, v in teacher.describe().items() if k not in ("min_evidence", "windows")},
+        "teacher": {k: v for k, v in teacher.describe().items() if k not in ("min_evidence", "windows", "scope")},
         "seed": config.grpo.seed, "top_p": config.rollout.top_p,
         "memory": config.memory.model_dump(mode="json"), "retrieval": config.retrieval.model_dump(mode="json"),
         "rollout": {k: getattr(config.rollout, k) for k in ("max_prompt_tokens", "max_completion_length")},
