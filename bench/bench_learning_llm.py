@@ -12,7 +12,8 @@ bench), its warm start (adapters/warm-start), the rule writer, the prompted LLM 
 context, no memory and the reader's ceiling `oracle_evidence` (each question's evidence chunks); qa
 (substring match, a conflict answer naming the superseded value is wrong) and token F1 by competency, memory
 tokens, minutes, and each method minus RAG paired by question with a 95% bootstrap interval. Resumable like
-`bench_real_llm`: builds and answers are cached under `RUN_ROOT`, methods run in `METHODS` order.
+`bench_real_llm`: builds and answers are cached under `RUN_ROOT`, methods run in `METHODS` order, and rows of
+the report of record are reused where this machine has no cache of them.
 
     MEMALPHA_BENCH_LEARNING_ON_CPU=1 python -m bench.run_all learning_llm
 """
@@ -28,11 +29,21 @@ from typing import Any
 from bench import BenchmarkSkipped
 from bench.bench_learning import COMPETENCIES, ON_CPU, ROOT, WARM_START, seed_config, test_instances
 from bench.bench_real import WRITER, data_key
-from bench.bench_real_llm import READER, STUDENT, answer_methods, method_table, student_adapters, with_student_mean
+from bench.bench_real_llm import (
+    READER,
+    STUDENT,
+    answer_methods,
+    method_table,
+    recorded_methods,
+    student_adapters,
+    with_student_mean,
+)
 
 PER_INSTANCE = int(os.environ.get("MEMALPHA_BENCH_LEARNING_LLM_PER_INSTANCE", "2"))
 SAMPLE_SEED = 0
 RUN_ROOT = ROOT / "runs" / "bench-learning-llm"
+RESULTS = ROOT / "bench" / "results" / "learning_llm.json"
+"""The report of record, whose rows a machine without the caches reuses (`bench_real_llm.recorded_methods`)."""
 ADAPTERS = {"shipped_writer": WRITER, "warm_start": WARM_START}
 ALL_METHODS = ("oracle_evidence", "no_memory", "rag", "shipped_writer", "warm_start", "rule_writer", "llm_writer_0.5b",
                "long_context", "llm_writer_1.5b")
@@ -61,14 +72,16 @@ def run() -> dict[str, Any]:
     instances = test_instances()
     keep = sample(instances)
     students = student_adapters()
+    spec = {"reader": READER, "per_instance": PER_INSTANCE, "seed": SAMPLE_SEED, "data": data_key(instances)}
     report, _ = answer_methods(config, instances, keep, RUN_ROOT / "memories" / f"synthetic-{data_key(instances)}",
                                METHODS + tuple(students), {**ADAPTERS, **students},
                                f"{READER}-sample{PER_INSTANCE}s{SAMPLE_SEED}", RUN_ROOT / "llama-state",
-                               group="competency", policies={name: STUDENT for name in students})
+                               group="competency", policies={name: STUDENT for name in students},
+                               recorded=recorded_methods(RESULTS, spec))
     if with_student_mean(report) and "shipped_writer" in report["methods"]:
         m = report["methods"]
         report["targets"] = {"trained 0.5B >= the 135M writer of record": m["trained_0.5b"]["qa"] >= m["shipped_writer"]["qa"]}
-    return {"reader": READER, "sample": {"per_instance": PER_INSTANCE, "seed": SAMPLE_SEED, "questions": len(keep),
+    return {"reader": READER, "spec": spec, "sample": {"per_instance": PER_INSTANCE, "seed": SAMPLE_SEED, "questions": len(keep),
                                          "of": sum(len(i.questions) for i in instances)},
             "instances": len(instances), "chunks": sum(len(i.chunks) for i in instances),
             **report, "not_run": [m for m in ALL_METHODS if m not in report["methods"]],

@@ -14,7 +14,10 @@ llama.cpp), BM25 RAG top-2, long context, no memory and the reader's ceiling `or
 MEMALPHA_BENCH_REAL_SEEDS and _STEPS), the 0.5B writer's warm start and seeds, their mean and its targets; qa
 (substring match) and LoCoMo's token F1 by category, memory tokens, minutes, and each method minus RAG
 paired by question with a 95% bootstrap interval. Resumable: each method's build and answers are cached,
-and the methods run in `METHODS` order, so a stopped run loses at most the method it was on.
+and the methods run in `METHODS` order, so a stopped run loses at most the method it was on. On a machine
+without those caches a method is taken from the report of record (bench/results/real_llm.json keeps each
+row's build key and its questions' scores) when its writer's weights, the reader, the sample and the data
+are the same, so a run of new methods redoes none of the others.
 
 Needs the reader's llama.cpp server and, for the LLM writers, theirs (`bash infra/servers.sh start-llama
 NAME`; this benchmark starts and stops the ones it needs itself).
@@ -67,6 +70,8 @@ ALL_METHODS = ("oracle_evidence", "no_memory", "rag", "llm_writer_0.5b", "shippe
 METHODS = tuple(os.environ.get("MEMALPHA_BENCH_LLM_METHODS", " ".join(ALL_METHODS)).split())
 """This run's methods (a subset rebuilds the report from what is cached; the others are listed as not run)."""
 LLM_WRITER_SERVERS = {"llm_writer_0.5b": "qwen2.5-coder-0.5b", "llm_writer_1.5b": "qwen2.5-coder-1.5b"}
+RESULTS = Path(__file__).resolve().parent / "results" / "real_llm.json"
+"""The report of record: its rows are reused where this machine has no cache of them (`recorded_methods`)."""
 
 
 def sample(instances, per_cell: int = PER_CELL, seed: int = SAMPLE_SEED) -> set[tuple[str, str]]:
@@ -92,6 +97,11 @@ def restricted(instances, built, keep: set[tuple[str, str]]):
     return out_instances, out_built
 
 
+def build_of(name: str, adapters: dict[str, Path]) -> tuple[str, Path | None]:
+    """The evaluation method and adapter a report's method `name` builds with."""
+    return ("policy", adapters[name]) if name in adapters else (name, None)
+
+
 def answered(config, instances, name: str, keep, folder: Path, adapters: dict[str, Path], tag: str,
              policies: dict[str, str]) -> Path:
     """The sampled questions of one method answered by READER; the rows' cache file (`folder/tag/<key>.json`).
@@ -101,7 +111,7 @@ def answered(config, instances, name: str, keep, folder: Path, adapters: dict[st
     from memalpha.evaluation.answering import LazyReader, answer_built, policy_tokenizer
     from memalpha.rewards.qa import token_f1
 
-    method, adapter = ("policy", adapters[name]) if name in adapters else (name, None)
+    method, adapter = build_of(name, adapters)
     path = folder / tag / f"{method_key(method, adapter)}.json"
     if path.is_file():
         return path
@@ -126,16 +136,42 @@ def answered(config, instances, name: str, keep, folder: Path, adapters: dict[st
     return path
 
 
+def recorded_methods(path: Path, spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The methods of the report of record at `path` (bench/results/<name>.json) made under `spec` (reader, sample,
+    data digest): {name: {"key", "summary", "scores", "minus_rag"}}, "scores" None where the report holds none. A
+    machine without the caches adds methods to the report without redoing these: each row keeps its build key
+    (the adapter's digest, or the baseline's name) and its questions' scores."""
+    if not path.is_file():
+        return {}
+    results = json.loads(path.read_text()).get("results", {})
+    if results.get("spec") != spec:
+        return {}
+    return {name: {"key": key, "summary": results["methods"][name], "minus_rag": results.get("minus_rag", {}).get(name),
+                   "scores": _decoded(results.get("scores", {}).get(name))}
+            for name, key in results.get("keys", {}).items() if name in results["methods"]}
+
+
+def _encoded(scores: dict[tuple[str, str], float]) -> dict[str, float]:
+    return {f"{instance}/{question}": score for (instance, question), score in sorted(scores.items())}
+
+
+def _decoded(scores: dict[str, float] | None) -> dict[tuple[str, str], float] | None:
+    return None if scores is None else {tuple(key.rsplit("/", 1)): score for key, score in scores.items()}
+
+
 def answer_methods(config, instances, keep, folder: Path, methods: tuple[str, ...], adapters: dict[str, Path],
-                   tag: str, state: Path, group: str = "question_type", policies: dict[str, str] | None = None
-                   ) -> tuple[dict[str, Any], dict[str, dict]]:
+                   tag: str, state: Path, group: str = "question_type", policies: dict[str, str] | None = None,
+                   recorded: dict[str, dict[str, Any]] | None = None) -> tuple[dict[str, Any], dict[str, dict]]:
     """Every method of `methods`, in order, built and its sampled questions answered by READER, the llama.cpp
-    servers it needs started (and stopped) here unless already up. Returns the report ({"methods": {name:
-    summary by `group`}, "minus_rag": {name: paired difference}}) and each method's {question: score}."""
+    servers it needs started (and stopped) here unless already up; a method this machine has no cache of is taken
+    from `recorded` (`recorded_methods`) when its build key is the same. Returns the report ({"methods": {name:
+    summary by `group`}, "minus_rag": {name: paired difference}, "keys", "scores", "from_record"}) and each
+    method's {question: score} (those known)."""
     from bench.llama_server import local_llama_server
     from memalpha.models.llamacpp import check_server
 
-    paths = {}
+    recorded = recorded or {}
+    paths, reused, keys = {}, {}, {}
     with ExitStack() as servers:
         def serve(name: str) -> None:  # a server already up (ours or the user's) is used as it is
             try:
@@ -143,16 +179,32 @@ def answer_methods(config, instances, keep, folder: Path, methods: tuple[str, ..
             except Exception:
                 servers.enter_context(local_llama_server(state / name, name, offset=0))
 
-        serve(READER)
         for name in methods:
-            if name in LLM_WRITER_SERVERS:
-                serve(LLM_WRITER_SERVERS[name])
-            paths[name] = answered(config, instances, name, keep, folder, adapters, tag, policies or {})
+            keys[name] = method_key(*build_of(name, adapters))
+            cache = folder / tag / f"{keys[name]}.json"
+            if cache.is_file():
+                paths[name] = cache
+            elif recorded.get(name, {}).get("key") == keys[name]:
+                reused[name] = recorded[name]
+            else:
+                serve(READER)
+                if name in LLM_WRITER_SERVERS:
+                    serve(LLM_WRITER_SERVERS[name])
+                paths[name] = answered(config, instances, name, keep, folder, adapters, tag, policies or {})
     kept = {name: json.loads(path.read_text()) for name, path in paths.items()}
+    summaries = {name: summarize_rows(kept[name], group) if name in kept else reused[name]["summary"] for name in methods}
     scores = {name: {(r["instance_id"], r["question_id"]): r["score"] for r in k["rows"]} for name, k in kept.items()}
-    return {"methods": {name: summarize_rows(k, group) for name, k in kept.items()},
-            "minus_rag": {name: paired_difference([scores[name]], scores["rag"]) for name in scores if name != "rag"}
-            if "rag" in scores else {}}, scores
+    scores.update({name: r["scores"] for name, r in reused.items() if r["scores"] is not None})
+    minus_rag = {}
+    for name in methods:
+        if name == "rag":
+            continue
+        if name in scores and "rag" in scores:
+            minus_rag[name] = paired_difference([scores[name]], scores["rag"])
+        elif name in reused and reused[name]["minus_rag"] is not None:  # the record's, from the same rag
+            minus_rag[name] = reused[name]["minus_rag"]
+    return {"methods": summaries, "minus_rag": minus_rag, "keys": keys,
+            "scores": {name: _encoded(s) for name, s in scores.items()}, "from_record": sorted(reused)}, scores
 
 
 def run() -> dict[str, Any]:
@@ -170,17 +222,19 @@ def run() -> dict[str, Any]:
     instances = test_sets(data)["locomo"]
     keep = sample(instances)
     students = student_adapters()
+    spec = {"reader": READER, "per_cell": PER_CELL, "seed": SAMPLE_SEED, "data": data_key(instances)}
+    recorded = recorded_methods(RESULTS, spec)
     report, scores = answer_methods(
         config, instances, keep, MEMORIES / f"locomo-{data_key(instances)}", METHODS + tuple(students),
         {**ADAPTERS, **students}, f"{READER}-sample{PER_CELL}s{SAMPLE_SEED}", MEMORIES.parent / "llama-state",
-        policies={name: STUDENT for name in students})
+        policies={name: STUDENT for name in students}, recorded=recorded)
     seeds = with_student_mean(report)
-    if seeds:
+    if seeds and all(s in scores for s in seeds):
         report["trained_minus"] = {name: paired_difference([scores[s] for s in seeds], theirs)
                                    for name, theirs in scores.items() if name not in seeds}
         report["targets"] = targets(report)
-    return {"reader": READER, "sample": {"per_cell": PER_CELL, "seed": SAMPLE_SEED, "questions": len(keep),
-                                         "of": sum(len(i.questions) for i in instances)},
+    return {"reader": READER, "spec": spec, "sample": {"per_cell": PER_CELL, "seed": SAMPLE_SEED, "questions": len(keep),
+                                                       "of": sum(len(i.questions) for i in instances)},
             "conversations": len(instances), "chunks": sum(len(i.chunks) for i in instances),
             **report, "not_run": [m for m in ALL_METHODS if m not in report["methods"]],
             "minutes_this_run": round((time.perf_counter() - started) / 60, 1)}
@@ -239,6 +293,9 @@ def method_table(results: dict[str, Any], groups: tuple[str, ...]) -> list[str]:
         lines.append(f"| {name} | {m['qa']:.3f} | {m['f1']:.3f} | "
                      + "".join(f"{m['by_category'][c]['qa']:.3f} | " if c in m["by_category"] else "- | " for c in cats)
                      + f"{m['memory_tokens']:.0f} | {m['minutes']} | {interval} |")
+    if results.get("from_record"):
+        lines += ["", f"From the report of record, not redone here (same reader, sample and data; same writer weights): "
+                  f"{', '.join(results['from_record'])}."]
     if results.get("not_run"):
         lines += ["", f"Not run yet: {', '.join(results['not_run'])} (the report resumes: finished methods are cached)."]
     return lines

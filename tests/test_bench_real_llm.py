@@ -77,3 +77,53 @@ def test_the_learning_sample_takes_the_same_questions_of_every_conversation_each
     assert len(chosen) == 1 + 3 * 2, "every question of a conversation with fewer, two of each other"
     assert {i for i, _ in chosen} == {"i0", "i1", "i2", "i3"}
     assert sample(instances, per_instance=2, seed=0) == chosen != sample(instances, per_instance=2, seed=1)
+
+
+def _rows(scores: dict[str, float]) -> dict:
+    return {"rows": [{"instance_id": "conv", "question_id": q, "score": s, "f1": s, "question_type": "single_hop"}
+                     for q, s in scores.items()],
+            "instances": [{"memory_tokens": 10}], "build_seconds": 6.0, "answer_seconds": 6.0}
+
+
+def test_a_machine_without_the_caches_reuses_the_report_of_records_rows(tmp_path, monkeypatch):
+    import json
+
+    import bench.llama_server
+    import memalpha.models.llamacpp
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("no method needed a server")
+
+    monkeypatch.setattr(bench.llama_server, "local_llama_server", no_server)
+    monkeypatch.setattr(real_llm, "answered", lambda *args: pytest.fail("a recorded or cached method was redone"))
+    adapter = tmp_path / "writer"
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    (tmp_path / "tag").mkdir()
+    (tmp_path / "tag" / "rag.json").write_text(json.dumps(_rows({"q1": 1.0, "q2": 0.0})))  # this machine's cache
+    spec = {"reader": "r", "per_cell": 4, "seed": 0, "data": "d"}
+    record = tmp_path / "real_llm.json"
+    shipped = real_llm.method_key("policy", adapter)
+    results = {"spec": spec, "methods": {"no_memory": _method(0.0, 0.0, 0), "shipped_writer": _method(0.5, 0.5, 10)},
+               "keys": {"no_memory": "no_memory", "shipped_writer": shipped},
+               "scores": {"shipped_writer": {"conv/q1": 1.0, "conv/q2": 1.0}},
+               "minus_rag": {"no_memory": {"diff": -0.5, "ci95": [-1.0, 0.0]}}}
+    record.write_text(json.dumps({"results": results}))
+    assert real_llm.recorded_methods(record, {**spec, "data": "other"}) == {}, "another sample or data: nothing reused"
+    report, scores = real_llm.answer_methods(
+        load_config(None), [], set(), tmp_path, ("rag", "no_memory", "shipped_writer"), {"shipped_writer": adapter},
+        "tag", tmp_path / "state", recorded=real_llm.recorded_methods(record, spec))
+    assert report["from_record"] == ["no_memory", "shipped_writer"]
+    assert report["methods"]["shipped_writer"]["qa"] == 0.5 and scores["shipped_writer"][("conv", "q2")] == 1.0
+    assert report["minus_rag"]["shipped_writer"]["diff"] == 0.5, "paired with this machine's rag by question"
+    assert report["minus_rag"]["no_memory"]["diff"] == -0.5, "no scores recorded: the record's own interval"
+    assert report["scores"]["rag"] == {"conv/q1": 1.0, "conv/q2": 0.0}
+
+    (adapter / "adapter_model.safetensors").write_bytes(b"retrained")  # other weights: the row is stale
+    called = []
+    monkeypatch.setattr(real_llm, "answered", lambda config, instances, name, *rest: called.append(name) or
+                        tmp_path / "tag" / "rag.json")
+    monkeypatch.setattr(memalpha.models.llamacpp, "check_server", lambda name: None)  # "up": nothing to start
+    real_llm.answer_methods(load_config(None), [], set(), tmp_path, ("shipped_writer",), {"shipped_writer": adapter},
+                            "tag", tmp_path / "state", recorded=real_llm.recorded_methods(record, spec))
+    assert called == ["shipped_writer"]
