@@ -164,14 +164,15 @@ def answer_methods(config, instances, keep, folder: Path, methods: tuple[str, ..
                    recorded: dict[str, dict[str, Any]] | None = None) -> tuple[dict[str, Any], dict[str, dict]]:
     """Every method of `methods`, in order, built and its sampled questions answered by READER, the llama.cpp
     servers it needs started (and stopped) here unless already up; a method this machine has no cache of is taken
-    from `recorded` (`recorded_methods`) when its build key is the same. Returns the report ({"methods": {name:
+    from `recorded` (`recorded_methods`) when its build key is the same (RAG only with its scores when another
+    method is made here: new rows are paired with it). Returns the report ({"methods": {name:
     summary by `group`}, "minus_rag": {name: paired difference}, "keys", "scores", "from_record"}) and each
     method's {question: score} (those known)."""
     from bench.llama_server import local_llama_server
     from memalpha.models.llamacpp import check_server
 
     recorded = recorded or {}
-    paths, reused, keys = {}, {}, {}
+    paths, reused = {}, {}
     with ExitStack() as servers:
         def serve(name: str) -> None:  # a server already up (ours or the user's) is used as it is
             try:
@@ -179,12 +180,15 @@ def answer_methods(config, instances, keep, folder: Path, methods: tuple[str, ..
             except Exception:
                 servers.enter_context(local_llama_server(state / name, name, offset=0))
 
+        keys = {name: method_key(*build_of(name, adapters)) for name in methods}
+        cached = {name for name in methods if (folder / tag / f"{keys[name]}.json").is_file()}
+        usable = {name for name in methods if name not in cached and recorded.get(name, {}).get("key") == keys[name]}
+        if "rag" in usable and recorded["rag"]["scores"] is None and set(methods) - cached - usable:
+            usable.remove("rag")  # a new row is paired with RAG by question: RAG's scores are made here once
         for name in methods:
-            keys[name] = method_key(*build_of(name, adapters))
-            cache = folder / tag / f"{keys[name]}.json"
-            if cache.is_file():
-                paths[name] = cache
-            elif recorded.get(name, {}).get("key") == keys[name]:
+            if name in cached:
+                paths[name] = folder / tag / f"{keys[name]}.json"
+            elif name in usable:
                 reused[name] = recorded[name]
             else:
                 serve(READER)

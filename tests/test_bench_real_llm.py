@@ -127,3 +127,29 @@ def test_a_machine_without_the_caches_reuses_the_report_of_records_rows(tmp_path
     real_llm.answer_methods(load_config(None), [], set(), tmp_path, ("shipped_writer",), {"shipped_writer": adapter},
                             "tag", tmp_path / "state", recorded=real_llm.recorded_methods(record, spec))
     assert called == ["shipped_writer"]
+
+
+def test_rag_without_recorded_scores_is_made_again_for_a_new_row_to_pair_with(tmp_path, monkeypatch):
+    import json
+
+    import memalpha.models.llamacpp
+
+    monkeypatch.setattr(memalpha.models.llamacpp, "check_server", lambda name: None)  # "up": nothing to start
+    made = []
+
+    def answered(config, instances, name, keep, folder, adapters, tag, policies):
+        made.append(name)
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(_rows({"q1": 1.0 if name == "rag" else 0.0})))
+        return path
+
+    monkeypatch.setattr(real_llm, "answered", answered)
+    recorded = {"rag": {"key": "rag", "summary": _method(1.0, 1.0, 10), "scores": None, "minus_rag": None},
+                "no_memory": {"key": "no_memory", "summary": _method(0.0, 0.0, 0), "scores": None,
+                              "minus_rag": {"diff": -1.0, "ci95": [-1.0, -1.0]}}}
+    args = (load_config(None), [], set(), tmp_path, ("rag", "no_memory"), {}, "tag", tmp_path / "state")
+    real_llm.answer_methods(*args, recorded=recorded)
+    assert made == [], "nothing new: the record's rows as they are"
+    report, _ = real_llm.answer_methods(*args[:4], ("rag", "no_memory", "llm_writer_1.5b"), *args[5:], recorded=recorded)
+    assert made == ["rag", "llm_writer_1.5b"] and report["from_record"] == ["no_memory"]
+    assert report["minus_rag"]["llm_writer_1.5b"]["diff"] == -1.0
