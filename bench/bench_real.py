@@ -73,7 +73,8 @@ TEACHER_WINDOWS = int(os.environ.get("MEMALPHA_BENCH_REAL_TEACHER_WINDOWS", "16"
 of the 1.5B on 2 cores."""
 TEACHER_SCOPE = os.environ.get("MEMALPHA_BENCH_REAL_TEACHER_SCOPE", "dialogue")
 """What an LLM teacher labels (`llm_teacher.SCOPES`): the LoCoMo (and PerLTQA) windows, the rule writer the
-synthetic data (`dialogue`, docs/experiments.md L-T2), or every dataset (`all`)."""
+synthetic data (`dialogue`: the 1.5B kept 1 of 16 synthetic windows, docs/experiments.md L-T1), or every
+dataset (`all`)."""
 
 
 def run_root(policy: str) -> Path:

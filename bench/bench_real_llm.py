@@ -15,9 +15,10 @@ MEMALPHA_BENCH_REAL_SEEDS and _STEPS), the 0.5B writer's warm start and seeds, t
 (substring match) and LoCoMo's token F1 by category, memory tokens, minutes, and each method minus RAG
 paired by question with a 95% bootstrap interval. Resumable: each method's build and answers are cached,
 and the methods run in `METHODS` order, so a stopped run loses at most the method it was on. On a machine
-without those caches a method is taken from the report of record (bench/results/real_llm.json keeps each
-row's build key and its questions' scores) when its writer's weights, the reader, the sample and the data
-are the same, so a run of new methods redoes none of the others.
+without those caches a row is taken from the report of record (bench/results/real_llm.json, which keeps each
+row's build key and, for rows made since it does, its questions' scores) when the reader, the sample, the
+data and the writer's adapter weights are the same; a recorded row without scores is made again only when a
+new row must be paired with it (`reusable`), and the record's rows this run does not name are carried.
 
 Needs the reader's llama.cpp server and, for the LLM writers, theirs (`bash infra/servers.sh start-llama
 NAME`; this benchmark starts and stops the ones it needs itself).
@@ -70,6 +71,7 @@ ALL_METHODS = ("oracle_evidence", "no_memory", "rag", "llm_writer_0.5b", "shippe
 METHODS = tuple(os.environ.get("MEMALPHA_BENCH_LLM_METHODS", " ".join(ALL_METHODS)).split())
 """This run's methods (a subset rebuilds the report from what is cached; the others are listed as not run)."""
 LLM_WRITER_SERVERS = {"llm_writer_0.5b": "qwen2.5-coder-0.5b", "llm_writer_1.5b": "qwen2.5-coder-1.5b"}
+SEED_PREFIX = "trained_0.5b_seed"
 RESULTS = Path(__file__).resolve().parent / "results" / "real_llm.json"
 """The report of record: its rows are reused where this machine has no cache of them (`recorded_methods`)."""
 
@@ -138,9 +140,8 @@ def answered(config, instances, name: str, keep, folder: Path, adapters: dict[st
 
 def recorded_methods(path: Path, spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The methods of the report of record at `path` (bench/results/<name>.json) made under `spec` (reader, sample,
-    data digest): {name: {"key", "summary", "scores", "minus_rag"}}, "scores" None where the report holds none. A
-    machine without the caches adds methods to the report without redoing these: each row keeps its build key
-    (the adapter's digest, or the baseline's name) and its questions' scores."""
+    data digest): {name: {"key", "summary", "scores", "minus_rag"}}, "scores" None where the report holds none
+    (rows reported before the reports kept them)."""
     if not path.is_file():
         return {}
     results = json.loads(path.read_text()).get("results", {})
@@ -151,27 +152,52 @@ def recorded_methods(path: Path, spec: dict[str, Any]) -> dict[str, dict[str, An
             for name, key in results.get("keys", {}).items() if name in results["methods"]}
 
 
-def _encoded(scores: dict[tuple[str, str], float]) -> dict[str, float]:
-    return {f"{instance}/{question}": score for (instance, question), score in sorted(scores.items())}
+def _encoded(scores: dict[tuple[str, str], float]) -> dict[str, dict[str, float]]:
+    nested: dict[str, dict[str, float]] = {}
+    for (instance, question), score in sorted(scores.items()):
+        nested.setdefault(instance, {})[question] = score
+    return nested
 
 
-def _decoded(scores: dict[str, float] | None) -> dict[tuple[str, str], float] | None:
-    return None if scores is None else {tuple(key.rsplit("/", 1)): score for key, score in scores.items()}
+def _decoded(scores: dict[str, dict[str, float]] | None) -> dict[tuple[str, str], float] | None:
+    if scores is None:
+        return None
+    return {(instance, question): score for instance, by_question in scores.items() for question, score in by_question.items()}
+
+
+def reusable(names: list[str], made: set[str], recorded: dict[str, dict[str, Any]]) -> set[str]:
+    """The recorded rows of `names` to take as they are, given the rows `made` here (built, or cached on this
+    machine): not those without scores that a made row is paired with by question, RAG for a row's minus-RAG
+    interval and every row for a trained seed's intervals (`SEED_PREFIX`)."""
+    usable = {n for n in names if n not in made}
+    if any(n.startswith(SEED_PREFIX) for n in made):
+        usable = {n for n in usable if recorded[n]["scores"] is not None}
+    needs_rag = any(n != "rag" and (n not in usable or recorded[n]["minus_rag"] is None) for n in names)
+    if needs_rag and "rag" in usable and recorded["rag"]["scores"] is None:
+        usable.discard("rag")
+    return usable
 
 
 def answer_methods(config, instances, keep, folder: Path, methods: tuple[str, ...], adapters: dict[str, Path],
                    tag: str, state: Path, group: str = "question_type", policies: dict[str, str] | None = None,
                    recorded: dict[str, dict[str, Any]] | None = None) -> tuple[dict[str, Any], dict[str, dict]]:
     """Every method of `methods`, in order, built and its sampled questions answered by READER, the llama.cpp
-    servers it needs started (and stopped) here unless already up; a method this machine has no cache of is taken
-    from `recorded` (`recorded_methods`) when its build key is the same (RAG only with its scores when another
-    method is made here: new rows are paired with it). Returns the report ({"methods": {name:
-    summary by `group`}, "minus_rag": {name: paired difference}, "keys", "scores", "from_record"}) and each
-    method's {question: score} (those known)."""
+    servers it needs started (and stopped) here unless already up. On a machine without a method's cache its row
+    is taken from `recorded` (`recorded_methods`) when its build key is the same (`reusable` says which rows must
+    be made again to pair with), and the record's other rows are carried as they are. Returns the report
+    ({"methods": {name: summary by `group`}, "minus_rag": {name: paired difference}, "keys", "scores" by
+    instance and question, "from_record"}) and each method's {(instance, question): score} (those known)."""
     from bench.llama_server import local_llama_server
     from memalpha.models.llamacpp import check_server
 
     recorded = recorded or {}
+    keys = {name: method_key(*build_of(name, adapters)) for name in methods}
+    carried = [name for name in recorded if name not in methods]  # rows of the record this run does not name
+    keys.update({name: recorded[name]["key"] for name in carried})
+    names = [*methods, *carried]
+    cached = {name for name in methods if (folder / tag / f"{keys[name]}.json").is_file()}
+    made = {name for name in names if name in cached or recorded.get(name, {}).get("key") != keys[name]}
+    usable = reusable(names, made, recorded)
     paths, reused = {}, {}
     with ExitStack() as servers:
         def serve(name: str) -> None:  # a server already up (ours or the user's) is used as it is
@@ -180,12 +206,7 @@ def answer_methods(config, instances, keep, folder: Path, methods: tuple[str, ..
             except Exception:
                 servers.enter_context(local_llama_server(state / name, name, offset=0))
 
-        keys = {name: method_key(*build_of(name, adapters)) for name in methods}
-        cached = {name for name in methods if (folder / tag / f"{keys[name]}.json").is_file()}
-        usable = {name for name in methods if name not in cached and recorded.get(name, {}).get("key") == keys[name]}
-        if "rag" in usable and recorded["rag"]["scores"] is None and set(methods) - cached - usable:
-            usable.remove("rag")  # a new row is paired with RAG by question: RAG's scores are made here once
-        for name in methods:
+        for name in names:
             if name in cached:
                 paths[name] = folder / tag / f"{keys[name]}.json"
             elif name in usable:
@@ -196,16 +217,16 @@ def answer_methods(config, instances, keep, folder: Path, methods: tuple[str, ..
                     serve(LLM_WRITER_SERVERS[name])
                 paths[name] = answered(config, instances, name, keep, folder, adapters, tag, policies or {})
     kept = {name: json.loads(path.read_text()) for name, path in paths.items()}
-    summaries = {name: summarize_rows(kept[name], group) if name in kept else reused[name]["summary"] for name in methods}
+    summaries = {name: summarize_rows(kept[name], group) if name in kept else reused[name]["summary"] for name in names}
     scores = {name: {(r["instance_id"], r["question_id"]): r["score"] for r in k["rows"]} for name, k in kept.items()}
     scores.update({name: r["scores"] for name, r in reused.items() if r["scores"] is not None})
     minus_rag = {}
-    for name in methods:
+    for name in names:
         if name == "rag":
             continue
         if name in scores and "rag" in scores:
             minus_rag[name] = paired_difference([scores[name]], scores["rag"])
-        elif name in reused and reused[name]["minus_rag"] is not None:  # the record's, from the same rag
+        elif name in reused and reused[name]["minus_rag"] is not None:  # `reusable` kept RAG as recorded
             minus_rag[name] = reused[name]["minus_rag"]
     return {"methods": summaries, "minus_rag": minus_rag, "keys": keys,
             "scores": {name: _encoded(s) for name, s in scores.items()}, "from_record": sorted(reused)}, scores
@@ -246,7 +267,7 @@ def run() -> dict[str, Any]:
 
 def with_student_mean(report: dict[str, Any]) -> list[str]:
     """The 0.5B's seeds among the report's methods; their mean put first as `trained_0.5b` when there are any."""
-    seeds = [name for name in report["methods"] if name.startswith("trained_0.5b_seed")]
+    seeds = [name for name in report["methods"] if name.startswith(SEED_PREFIX)]
     if seeds:
         report["methods"] = {"trained_0.5b": seeds_mean([report["methods"][s] for s in seeds]), **report["methods"]}
     return seeds
@@ -259,7 +280,7 @@ def student_adapters() -> dict[str, Path]:
 
     root = run_root(STUDENT)
     found = {"warm_start_0.5b": root / "warm-start" / SFT_DIR,
-             **{f"trained_0.5b_seed{s}": policy_adapter(checkpoint_dir(root / f"seed{s}", STEPS)) for s in SEEDS}}
+             **{f"{SEED_PREFIX}{s}": policy_adapter(checkpoint_dir(root / f"seed{s}", STEPS)) for s in SEEDS}}
     return {name: path for name, path in found.items() if (path / "adapter_model.safetensors").is_file()}
 
 

@@ -106,7 +106,7 @@ def test_a_machine_without_the_caches_reuses_the_report_of_records_rows(tmp_path
     shipped = real_llm.method_key("policy", adapter)
     results = {"spec": spec, "methods": {"no_memory": _method(0.0, 0.0, 0), "shipped_writer": _method(0.5, 0.5, 10)},
                "keys": {"no_memory": "no_memory", "shipped_writer": shipped},
-               "scores": {"shipped_writer": {"conv/q1": 1.0, "conv/q2": 1.0}},
+               "scores": {"shipped_writer": {"conv": {"q1": 1.0, "q2": 1.0}}},
                "minus_rag": {"no_memory": {"diff": -0.5, "ci95": [-1.0, 0.0]}}}
     record.write_text(json.dumps({"results": results}))
     assert real_llm.recorded_methods(record, {**spec, "data": "other"}) == {}, "another sample or data: nothing reused"
@@ -117,7 +117,11 @@ def test_a_machine_without_the_caches_reuses_the_report_of_records_rows(tmp_path
     assert report["methods"]["shipped_writer"]["qa"] == 0.5 and scores["shipped_writer"][("conv", "q2")] == 1.0
     assert report["minus_rag"]["shipped_writer"]["diff"] == 0.5, "paired with this machine's rag by question"
     assert report["minus_rag"]["no_memory"]["diff"] == -0.5, "no scores recorded: the record's own interval"
-    assert report["scores"]["rag"] == {"conv/q1": 1.0, "conv/q2": 0.0}
+    assert report["scores"]["rag"] == {"conv": {"q1": 1.0, "q2": 0.0}}
+    assert real_llm._decoded(report["scores"]["rag"]) == {("conv", "q1"): 1.0, ("conv", "q2"): 0.0}
+    alone, _ = real_llm.answer_methods(load_config(None), [], set(), tmp_path, ("rag",), {}, "tag", tmp_path / "state",
+                                       recorded=real_llm.recorded_methods(record, spec))
+    assert list(alone["methods"]) == ["rag", "no_memory", "shipped_writer"], "a run of fewer methods keeps the record's"
 
     (adapter / "adapter_model.safetensors").write_bytes(b"retrained")  # other weights: the row is stale
     called = []
@@ -153,3 +157,16 @@ def test_rag_without_recorded_scores_is_made_again_for_a_new_row_to_pair_with(tm
     report, _ = real_llm.answer_methods(*args[:4], ("rag", "no_memory", "llm_writer_1.5b"), *args[5:], recorded=recorded)
     assert made == ["rag", "llm_writer_1.5b"] and report["from_record"] == ["no_memory"]
     assert report["minus_rag"]["llm_writer_1.5b"]["diff"] == -1.0
+
+
+def test_a_new_trained_seed_makes_again_every_row_it_cannot_pair_with():
+    def row(scores):
+        return {"key": "k", "summary": {}, "scores": scores, "minus_rag": {"diff": 0.0}}
+
+    recorded = {"rag": row(None), "no_memory": row(None), "shipped_writer": row({("c", "q"): 1.0})}
+    names = ["rag", "no_memory", "shipped_writer", "trained_0.5b_seed0"]
+    assert real_llm.reusable(names, {"trained_0.5b_seed0"}, recorded) == {"shipped_writer"}
+    assert real_llm.reusable(names[:3], set(), recorded) == set(names[:3]), "nothing new: the record's rows as they are"
+    recorded["shipped_writer"]["minus_rag"] = None
+    assert real_llm.reusable(names[:3], set(), recorded) == {"no_memory", "shipped_writer"}, \
+        "a row without its interval: RAG's scores are made to pair it"

@@ -383,3 +383,9 @@ def test_a_dialogue_teacher_leaves_the_synthetic_data_to_the_rule_writer(cache, 
     assert by_window["synthetic"] != by_window["dialogue"] and "memory_insert" in by_window["synthetic"]
     with pytest.raises(UserError, match="--teach"):
         teacher_of(scope="synthetic")
+
+    class Policy:
+        tokenizer = student
+
+    with pytest.raises(UserError, match="teaches none of this data"):  # not a warm start recorded as the LLM's
+        warm_start(config, cache / "sft", Policy(), [synthetic], teacher=teacher_of(scope="dialogue"))

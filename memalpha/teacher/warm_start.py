@@ -68,6 +68,9 @@ def warm_start(config: RunConfig, out: str | Path, policy, instances: list[Insta
                                      teacher=teacher)
     if config.sft.init_adapter:
         policy.load_adapter(_adapter_folder(Path(config.sft.init_adapter)))
+    if teacher is not None and teacher.scope != "all" and not teacher.stats.windows:
+        raise UserError(f"the LLM teacher teaches none of this data (--teach {teacher.scope}: no dataset has real "
+                        "dialogue's evidence turns): use --teach all, or the rule writer")
     if not demos and teacher is not None:
         why = (f"no window's best sample reached --min-evidence {teacher.min_evidence}" if not teacher.stats.kept else
                f"of the kept windows' {stats.chunks} chunks {stats.unlabelled} had no executed call and {stats.too_long} "
