@@ -15,7 +15,8 @@
    and 3, on `hf` and on `llamacpp` (rollouts on the rollout server, restarted on each step's LoRA after its
    conversion to GGUF: memalpha.training.engines.LlamaRolloutServer), for the 135M writer from its warm start
    and the untrained Qwen2.5-Coder 0.5B (a fresh LoRA); with the seconds of the last restart (save, convert,
-   stop, start) and the number of starts over the 3 steps (a step whose update was skipped keeps its LoRA).
+   stop, start), the number of starts over the 3 steps (a step whose update was skipped keeps its LoRA) and each
+   llama.cpp step's mean |llama.cpp - trainer| log-prob a sampled token (`sampling/logp_abs_diff`).
 
 The vLLM server runs the policy's dtype (bf16 on a CPU with native bf16, fp32 otherwise) from `.venv-vllm`,
 started by `infra/servers.sh start-vllm`. On a GPU machine (`make gpu-check`) both engines run on CUDA.
@@ -65,8 +66,9 @@ def _throughput(policy, config, prompts: list[list[int]], engine: str, batches=B
     return out
 
 
-def _step_seconds(config, adapter: Path | None) -> float:
-    """Mean seconds of GRPO steps 2 and 3 of `config` from `adapter` (None: a fresh LoRA)."""
+def _step_seconds(config, adapter: Path | None, gaps: list[float] | None = None) -> float:
+    """Mean seconds of GRPO steps 2 and 3 of `config` from `adapter` (None: a fresh LoRA); each step's mean
+    |sampler - trainer| log-prob a token appended to `gaps` when given."""
     from memalpha.training.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -76,8 +78,10 @@ def _step_seconds(config, adapter: Path | None) -> float:
         times = []
         for _ in range(STEPS):
             start = time.perf_counter()
-            trainer.train_step()
+            metrics = trainer.train_step().metrics
             times.append(time.perf_counter() - start)
+            if gaps is not None and "sampling/logp_abs_diff" in metrics:
+                gaps.append(metrics["sampling/logp_abs_diff"])
     return round(sum(times[1:]) / (len(times) - 1), 1)
 
 
@@ -134,9 +138,12 @@ def _grpo_steps(config, warm_start: Path) -> dict[str, dict[str, float]]:
         for name, adapter in (("smollm2-135m-instruct", warm_start), ("qwen2.5-coder-0.5b", None)):
             policy_config = config.model_copy(update={"model": config.model.model_copy(update={"policy": name})})
             row: dict[str, float] = {}
+            gaps: list[float] = []
             for engine in ("hf", "llamacpp"):
                 row[engine] = _step_seconds(policy_config.model_copy(update={
-                    "rollout": policy_config.rollout.model_copy(update={"engine": engine})}), adapter)
+                    "rollout": policy_config.rollout.model_copy(update={"engine": engine})}), adapter,
+                    gaps if engine == "llamacpp" else None)
+            row["llamacpp_logp_abs_diff"] = [round(g, 4) for g in gaps]
             server = engines.llama_rollout_server()
             row["llamacpp_restart_s"], row["llamacpp_starts"] = round(server.sync_s, 1), server.starts
             server.close()
@@ -211,8 +218,12 @@ def to_markdown(results: dict[str, Any]) -> str:
         lines += ["", "## GRPO step seconds, hf and llama.cpp rollouts (configs/default.yaml, mean of steps 2 and 3; load "
                   f"average {results['grpo_step_seconds_load_average_1m_at_start']} at its start)", "",
                   "On llama.cpp a step includes the restart of its rollout server on the step's LoRA (saved, converted "
-                  "to GGUF, server stopped and started): its last restart's seconds and the starts over the 3 steps.", "",
-                  "| policy | hf | llamacpp | llama.cpp restart seconds | llama.cpp starts |", "|---|---|---|---|---|"]
-        lines += [f"| {name} | {r['hf']} | {r['llamacpp']} | {r['llamacpp_restart_s']} | {r['llamacpp_starts']} |"
-                  for name, r in results["grpo_step_seconds"].items()]
+                  "to GGUF, server stopped and started): its last restart's seconds and the starts over the 3 steps. "
+                  "Log-prob gap: each step's mean |llama.cpp - trainer| log-prob a sampled token (the trainer's first "
+                  "forward pass against the log-probs llama.cpp sampled with).", "",
+                  "| policy | hf | llamacpp | llama.cpp restart seconds | llama.cpp starts | log-prob gap by step |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {name} | {r['hf']} | {r['llamacpp']} | {r['llamacpp_restart_s']} | {r['llamacpp_starts']} | "
+                  + (", ".join(f"{g:.3f}" for g in r["llamacpp_logp_abs_diff"]) if r.get("llamacpp_logp_abs_diff") else "-")
+                  + " |" for name, r in results["grpo_step_seconds"].items()]
     return "\n".join(lines) + "\n"
