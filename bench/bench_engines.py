@@ -66,7 +66,7 @@ def _throughput(policy, config, prompts: list[list[int]], engine: str, batches=B
     return out
 
 
-def _step_seconds(config, adapter: Path | None, gaps: list[float] | None = None) -> float:
+def _step_seconds(config, adapter: Path | None, gaps: list[float | None] | None = None) -> float:
     """Mean seconds of GRPO steps 2 and 3 of `config` from `adapter` (None: a fresh LoRA); each step's mean
     |sampler - trainer| log-prob a token appended to `gaps` when given."""
     from memalpha.training.trainer import Trainer
@@ -80,8 +80,8 @@ def _step_seconds(config, adapter: Path | None, gaps: list[float] | None = None)
             start = time.perf_counter()
             metrics = trainer.train_step().metrics
             times.append(time.perf_counter() - start)
-            if gaps is not None and "sampling/logp_abs_diff" in metrics:
-                gaps.append(metrics["sampling/logp_abs_diff"])
+            if gaps is not None:  # None: every group's rewards were equal, no update, nothing compared
+                gaps.append(None if metrics["frac_reward_zero_std"] == 1.0 else metrics["sampling/logp_abs_diff"])
     return round(sum(times[1:]) / (len(times) - 1), 1)
 
 
@@ -138,12 +138,12 @@ def _grpo_steps(config, warm_start: Path) -> dict[str, dict[str, float]]:
         for name, adapter in (("smollm2-135m-instruct", warm_start), ("qwen2.5-coder-0.5b", None)):
             policy_config = config.model_copy(update={"model": config.model.model_copy(update={"policy": name})})
             row: dict[str, float] = {}
-            gaps: list[float] = []
+            gaps: list[float | None] = []
             for engine in ("hf", "llamacpp"):
                 row[engine] = _step_seconds(policy_config.model_copy(update={
                     "rollout": policy_config.rollout.model_copy(update={"engine": engine})}), adapter,
                     gaps if engine == "llamacpp" else None)
-            row["llamacpp_logp_abs_diff"] = [round(g, 4) for g in gaps]
+            row["llamacpp_logp_abs_diff"] = [None if g is None else round(g, 4) for g in gaps]
             server = engines.llama_rollout_server()
             row["llamacpp_restart_s"], row["llamacpp_starts"] = round(server.sync_s, 1), server.starts
             server.close()
@@ -220,10 +220,12 @@ def to_markdown(results: dict[str, Any]) -> str:
                   "On llama.cpp a step includes the restart of its rollout server on the step's LoRA (saved, converted "
                   "to GGUF, server stopped and started): its last restart's seconds and the starts over the 3 steps. "
                   "Log-prob gap: each step's mean |llama.cpp - trainer| log-prob a sampled token (the trainer's first "
-                  "forward pass against the log-probs llama.cpp sampled with).", "",
+                  "forward pass against the log-probs llama.cpp sampled with; - where every group's rewards were equal, "
+                  "so no update was computed).", "",
                   "| policy | hf | llamacpp | llama.cpp restart seconds | llama.cpp starts | log-prob gap by step |",
                   "|---|---|---|---|---|---|"]
         lines += [f"| {name} | {r['hf']} | {r['llamacpp']} | {r['llamacpp_restart_s']} | {r['llamacpp_starts']} | "
-                  + (", ".join(f"{g:.3f}" for g in r["llamacpp_logp_abs_diff"]) if r.get("llamacpp_logp_abs_diff") else "-")
+                  + (", ".join("-" if g is None else f"{g:.3f}" for g in r["llamacpp_logp_abs_diff"])
+                     if r.get("llamacpp_logp_abs_diff") else "-")
                   + " |" for name, r in results["grpo_step_seconds"].items()]
     return "\n".join(lines) + "\n"
