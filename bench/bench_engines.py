@@ -159,23 +159,21 @@ def run() -> dict[str, Any]:
     from memalpha.models.loading import resolve_model_path
     from memalpha.models.policy import load_policy
 
+    part = os.environ.get("MEMALPHA_BENCH_ENGINES_PART")
+    if part != "grpo_steps" and not installed():  # the GRPO-step part compares hf and llama.cpp only
+        raise RuntimeError("no .venv-vllm: run `make vllm` first")
     warm_start = ROOT / "adapters" / "warm-start"
     config = load_config(ROOT / "configs" / "default.yaml", ["sft.enabled=false", "grpo.eval_every=100"])
-    part = os.environ.get("MEMALPHA_BENCH_ENGINES_PART")
     if part:  # one part; the others kept from the last run
         kept = json.loads((ROOT / "bench" / "results" / "engines.json").read_text())["results"]
         load = round(os.getloadavg()[0], 2)
         if part == "rollouts_32":
-            if not installed():
-                raise RuntimeError("no .venv-vllm: run `make vllm` first")
             return {**kept, "rollouts_32": _rollouts_32(config, warm_start, kept.get("dtype", "bfloat16")),
                     "rollouts_32_load_average_1m_at_start": load}
         if part == "grpo_steps":
             return {**kept, "grpo_step_seconds": _grpo_steps(config, warm_start),
                     "grpo_step_seconds_load_average_1m_at_start": load}
         raise RuntimeError(f"MEMALPHA_BENCH_ENGINES_PART={part!r}: choose rollouts_32 or grpo_steps")
-    if not installed():
-        raise RuntimeError("no .venv-vllm: run `make vllm` first")
     policy = load_policy(config.model, adapter=warm_start, trainable=False)
     dtype = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[policy.dtype]
     prompts = _prompts(policy, config, max(BATCHES) // config.rollout.num_generations)

@@ -69,7 +69,7 @@ ALL_METHODS = ("oracle_evidence", "no_memory", "rag", "llm_writer_0.5b", "shippe
                "long_context", "warm_start_dialogue")
 """In order of what a stopped run should have first: the ceiling and the bar, then the writers."""
 METHODS = tuple(os.environ.get("MEMALPHA_BENCH_LLM_METHODS", " ".join(ALL_METHODS)).split())
-"""This run's methods (a subset rebuilds the report from what is cached; the others are listed as not run)."""
+"""This run's methods (the report of record's other rows are carried; methods in neither are listed as not run)."""
 LLM_WRITER_SERVERS = {"llm_writer_0.5b": "qwen2.5-coder-0.5b", "llm_writer_1.5b": "qwen2.5-coder-1.5b"}
 SEED_PREFIX = "trained_0.5b_seed"
 RESULTS = Path(__file__).resolve().parent / "results" / "real_llm.json"
@@ -104,6 +104,11 @@ def build_of(name: str, adapters: dict[str, Path]) -> tuple[str, Path | None]:
     return ("policy", adapters[name]) if name in adapters else (name, None)
 
 
+def cache_file(folder: Path, tag: str, key: str) -> Path:
+    """Where a method's sampled answers are cached: `folder/tag/<build key>.json`."""
+    return folder / tag / f"{key}.json"
+
+
 def answered(config, instances, name: str, keep, folder: Path, adapters: dict[str, Path], tag: str,
              policies: dict[str, str]) -> Path:
     """The sampled questions of one method answered by READER; the rows' cache file (`folder/tag/<key>.json`).
@@ -114,7 +119,7 @@ def answered(config, instances, name: str, keep, folder: Path, adapters: dict[st
     from memalpha.rewards.qa import token_f1
 
     method, adapter = build_of(name, adapters)
-    path = folder / tag / f"{method_key(method, adapter)}.json"
+    path = cache_file(folder, tag, method_key(method, adapter))
     if path.is_file():
         return path
     print(f"{name}: building", flush=True)
@@ -195,7 +200,7 @@ def answer_methods(config, instances, keep, folder: Path, methods: tuple[str, ..
     carried = [name for name in recorded if name not in methods]  # rows of the record this run does not name
     keys.update({name: recorded[name]["key"] for name in carried})
     names = [*methods, *carried]
-    cached = {name for name in methods if (folder / tag / f"{keys[name]}.json").is_file()}
+    cached = {name for name in methods if cache_file(folder, tag, keys[name]).is_file()}
     made = {name for name in names if name in cached or recorded.get(name, {}).get("key") != keys[name]}
     usable = reusable(names, made, recorded)
     paths, reused = {}, {}
@@ -208,7 +213,7 @@ def answer_methods(config, instances, keep, folder: Path, methods: tuple[str, ..
 
         for name in names:
             if name in cached:
-                paths[name] = folder / tag / f"{keys[name]}.json"
+                paths[name] = cache_file(folder, tag, keys[name])
             elif name in usable:
                 reused[name] = recorded[name]
             else:
